@@ -35,9 +35,9 @@ _FIXED = {
     "dtype": ("S8", b""), "token_offset": ("<i8", 0), "n_tokens": ("<i4", 0), "prompt_offset": ("<i8", 0),
 }
 _RAGGED = ("key", "error", "history", "params", "prompt_text")
-_REQ_CHUNK = 1024
-_TOK_CHUNK_ROWS = 1 << 16    # 1-D token columns: 64K rows a chunk (256 KiB of int32)
-_TOPK_CHUNK_BYTES = 1 << 20  # [N, k] columns: about 1 MiB a chunk
+_REQ_CHUNK = 256
+_TOK_CHUNK_ROWS = 1 << 14    # 1-D token columns: 16K rows a chunk (64 KiB of int32)
+_TOPK_CHUNK_BYTES = 1 << 18  # [N, k] columns: about 256 KiB a chunk
 
 
 def _utc_now() -> str:
@@ -76,7 +76,10 @@ class TraceWriter:
     unless `flush=False`; `flush()` makes everything appended so far durable.
     """
 
-    def __init__(self, path: str | os.PathLike, meta: RunMeta):
+    def __init__(self, path: str | os.PathLike, meta: RunMeta, expected_tokens: int | None = None):
+        # expected_tokens (a hint) shrinks chunks for small traces: a chunk is
+        # allocated whole, so a 500-token trace should not carry 256 KiB chunks.
+        self._chunk_cap = max(64, int(expected_tokens)) if expected_tokens else None
         self.path = Path(path)
         self.meta = meta
         self.layout = meta.layout
@@ -107,13 +110,13 @@ class TraceWriter:
         for name, (dt, _) in _FIXED.items():
             req.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(_REQ_CHUNK,))
         for name in _RAGGED:
-            req.create_dataset(f"{name}_bytes", shape=(0,), maxshape=(None,), dtype="u1", chunks=(1 << 14,))
+            req.create_dataset(f"{name}_bytes", shape=(0,), maxshape=(None,), dtype="u1", chunks=(1 << 12,))
             req.create_dataset(f"{name}_end", shape=(0,), maxshape=(None,), dtype="<i8", chunks=(_REQ_CHUNK,))
         tok = f.create_group("tokens")
         for name, dt in (("token_id", "<i4"), ("logprob", "<f4"), ("t_arrival_s", "<f8")):
-            tok.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(_TOK_CHUNK_ROWS,))
+            tok.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(self._rows(_TOK_CHUNK_ROWS),))
         k = max(m.layout.topk, 1)
-        rows = max(1024, _TOPK_CHUNK_BYTES // (4 * k))
+        rows = self._rows(max(256, _TOPK_CHUNK_BYTES // (4 * k)))
         cols = [("topk_id", "<i4"), ("topk_logprob", "<f4")] + ([("topk_logit", "<f4")] if m.layout.raw_logits else [])
         for name, dt in cols:
             tok.create_dataset(name, shape=(0, m.layout.topk), maxshape=(None, m.layout.topk), dtype=dt,
@@ -121,10 +124,13 @@ class TraceWriter:
         if m.layout.vocab_size:
             v = m.layout.vocab_size
             tok.create_dataset("logits", shape=(0, v), maxshape=(None, v), dtype="<f4",
-                               chunks=(max(1, (1 << 20) // (4 * v)), v), compression="gzip",
+                               chunks=(self._rows(max(1, (1 << 18) // (4 * v))), v), compression="gzip",
                                compression_opts=1, shuffle=True)
         f.create_group("prompt").create_dataset("token_id", shape=(0,), maxshape=(None,), dtype="<i4",
-                                                chunks=(_TOK_CHUNK_ROWS,))
+                                                chunks=(self._rows(_TOK_CHUNK_ROWS),))
+
+    def _rows(self, default: int) -> int:
+        return min(default, self._chunk_cap) if self._chunk_cap else default
 
     # -- appending --------------------------------------------------------
     @staticmethod
@@ -368,3 +374,40 @@ def copy_requests(reader: TraceReader, writer: TraceWriter, rows: Iterable[int])
         n += 1
     writer.flush()
     return n
+
+
+def read_token_rows(reader: TraceReader, name: str, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` (any order, repeats allowed) of token column `name`, as one array.
+
+    Used by the analysis to fetch top-k rows at divergence positions only,
+    instead of reading whole [N, k] columns. h5py's fancy selection wants
+    sorted unique indices, so read those once and scatter back.
+    """
+    tok = reader._f["tokens"]
+    if name not in tok:
+        raise TraceFormatError(f"{reader.path}:/tokens/{name}: column not in this trace "
+                               f"(columns: {', '.join(sorted(tok))})")
+    ds = tok[name]
+    rows = np.asarray(rows, dtype=np.int64)
+    if not len(rows):
+        return np.empty((0,) + ds.shape[1:], dtype=ds.dtype)
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    if uniq[0] < 0 or uniq[-1] >= reader.n_token_rows:
+        raise TraceFormatError(f"{reader.path}:/tokens/{name}: row {int(uniq[-1])} out of range "
+                               f"(the trace has {reader.n_token_rows} rows)")
+    # One slab read when the rows are dense enough; a point selection otherwise.
+    span = int(uniq[-1] - uniq[0] + 1)
+    if span <= 8 * len(uniq):
+        got = ds[int(uniq[0]):int(uniq[-1]) + 1][uniq - uniq[0]]
+    else:
+        got = ds[uniq]
+    return got[inverse]
+
+
+def prompt_column(reader: TraceReader) -> np.ndarray:
+    """All prompt token ids of a trace, concatenated (index with prompt_offset/prompt_len)."""
+    ds = reader._f["prompt/token_id"]
+    out = np.empty(ds.shape, dtype=ds.dtype)
+    if len(out):
+        ds.read_direct(out)
+    return out

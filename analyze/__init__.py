@@ -1,0 +1,16 @@
+"""Analysis of tracekit traces: align two runs by request key, classify every
+divergence (docs/analysis.md), and report it.
+
+    >>> from analyze import diff
+    >>> r = diff("serial.h5", "concurrent.h5")
+    >>> r.counts()["unexplained"], r.ok
+
+This package never imports torch, aiohttp or capture/.
+"""
+
+from .classify import CLASSES, Thresholds, bf16_ulp
+from .core import diff
+from .result import SCHEMA, DiffResult, PairResult
+from .testing import assert_equivalent
+
+__all__ = ["CLASSES", "SCHEMA", "DiffResult", "PairResult", "Thresholds", "assert_equivalent", "bf16_ulp", "diff"]

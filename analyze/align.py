@@ -1,0 +1,185 @@
+"""Pair two traces' requests by key and lay their token rows side by side.
+
+Reads the request tables, the 1-D token columns (token_id, logprob) and the
+prompt ids; top-k rows are fetched later by the classifier, at divergence
+positions only. This module decides *which* rows are compared and whether a
+pair is comparable at all; it does not classify (classify.py) or print
+(report.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracekit.errors import AlignmentError, ConfigError
+from tracekit.schema import RequestTable, RunMeta
+from tracekit.store import TraceReader, prompt_column
+
+# Request columns a --a-select/--b-select filter may name.
+SELECTABLE = ("history", "dtype", "finish_reason", "status")
+
+
+def parse_select(text: str | None) -> dict[str, str]:
+    """'history=full,dtype=fp32' -> {'history': 'full', 'dtype': 'fp32'}."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in SELECTABLE:
+            raise ConfigError(f"bad row selection {part!r}: expected NAME=VALUE with NAME one of "
+                              f"{', '.join(SELECTABLE)} (e.g. history=full,dtype=fp32)")
+        out[name] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Side:
+    """One trace after row selection; token columns are whole-file arrays."""
+
+    path: str
+    meta: RunMeta
+    table: RequestTable
+    rows: np.ndarray        # [R] int64: selected request rows, one per key
+    token_id: np.ndarray    # [N] int32: the whole token_id column
+    logprob: np.ndarray     # [N] float32: the whole logprob column
+    prompt: np.ndarray      # [M] int32: all prompt ids, concatenated
+    reader: TraceReader
+
+
+def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> np.ndarray:
+    t = reader.requests
+    keep = np.ones(len(t), dtype=bool)
+    for name, value in select.items():
+        keep &= getattr(t, name) == value
+    rows = np.flatnonzero(keep)
+    if len(t) and not len(rows):
+        raise AlignmentError(f"{reader.path}: no request row matches --{label}-select "
+                             f"{','.join(f'{k}={v}' for k, v in select.items())}{_choices(t)}")
+    keys = t.key[rows]
+    uniq, last = np.unique(keys[::-1], return_index=True)
+    if len(uniq) < len(keys):
+        if reader.meta.source == "teacher_forced":
+            raise AlignmentError(f"{reader.path} holds several teacher-forced rows per key{_choices(t)}; "
+                                 f"pick one with --{label}-select history=H,dtype=D")
+        # An HTTP trace with repeated keys is a resumed run: the last row wins.
+        rows = np.sort(rows[len(rows) - 1 - last])
+    return rows
+
+
+def _choices(t: RequestTable) -> str:
+    combos = sorted({f"history={h},dtype={d}" for h, d in zip(t.history, t.dtype) if h or d})
+    return f" (it has: {'; '.join(combos)})" if combos else ""
+
+
+def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: str = "a") -> Side:
+    rows = _select_rows(reader, select or {}, label)
+    cols = reader.columns(["token_id", "logprob"])
+    return Side(reader.path, reader.meta, reader.requests, rows, cols["token_id"], cols["logprob"],
+                prompt_column(reader), reader)
+
+
+def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For P segments of the given lengths: (seg [T] segment of each row, pos [T]
+    position inside its segment, start [P] first row of each segment)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    start = np.cumsum(lengths) - lengths
+    seg = np.repeat(np.arange(len(lengths)), lengths)
+    pos = np.arange(int(lengths.sum()), dtype=np.int64) - start[seg]
+    return seg, pos, start
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Every key of A (in A's order), then keys only in B. Per pair [P]: the
+    request rows (-1 = missing), why it is incomparable ('' = comparable), and
+    for comparable pairs the token offsets and compared length L = min(n_a, n_b).
+    Concatenated over comparable pairs [T]: seg, pos, idx_a, idx_b."""
+
+    a: Side
+    b: Side
+    keys: np.ndarray        # [P] object
+    row_a: np.ndarray       # [P] int64, -1 = missing
+    row_b: np.ndarray
+    incomparable: np.ndarray  # [P] object: reason, '' when comparable
+    n_a: np.ndarray         # [P] int64 output lengths (0 when missing)
+    n_b: np.ndarray
+    off_a: np.ndarray       # [P] int64 first token row
+    off_b: np.ndarray
+    length: np.ndarray      # [P] int64 compared length (0 for incomparable pairs)
+    seg: np.ndarray         # [T] int64
+    pos: np.ndarray         # [T] int64
+    start: np.ndarray       # [P] int64 first concatenated row of each pair
+    idx_a: np.ndarray       # [T] int64 token row in A
+    idx_b: np.ndarray
+
+
+def _pair_keys(a: Side, b: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keys_a = a.table.key[a.rows]
+    keys_b = b.table.key[b.rows]
+    where_b = {k: int(r) for k, r in zip(keys_b.tolist(), b.rows.tolist())}
+    in_a = set(keys_a.tolist())
+    only_b = [(k, r) for k, r in zip(keys_b.tolist(), b.rows.tolist()) if k not in in_a]
+    keys = np.array(keys_a.tolist() + [k for k, _ in only_b], dtype=object)
+    row_a = np.concatenate([a.rows, np.full(len(only_b), -1)]).astype(np.int64)
+    row_b = np.array([where_b.get(k, -1) for k in keys_a.tolist()] + [r for _, r in only_b], dtype=np.int64)
+    return keys, row_a, row_b
+
+
+def _status_reason(side: Side, rows: np.ndarray, label: str) -> np.ndarray:
+    t = side.table
+    out = np.full(len(rows), "", dtype=object)
+    for i in np.flatnonzero(t.status[rows] != "ok"):
+        r = rows[i]
+        http = f" HTTP {t.http_status[r]}" if t.http_status[r] > 0 else ""
+        err = f": {t.error[r][:80]}" if t.error[r] else ""
+        out[i] = f"{label} status {t.status[r]}{http}{err}"
+    return out
+
+
+def _prompt_reason(a: Side, b: Side, ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
+    """Why prompts differ ('' = same). Ids are authoritative when both sides have
+    them (a text prompt and its ids hash differently); else compare prompt_hash."""
+    ta, tb = a.table, b.table
+    pa, pb = ta.prompt_len[ra].astype(np.int64), tb.prompt_len[rb].astype(np.int64)
+    out = np.full(len(ra), "", dtype=object)
+    known = (pa >= 0) & (pb >= 0)
+    for i in np.flatnonzero(known & (pa != pb)):
+        out[i] = f"different prompts: {pa[i]} vs {pb[i]} tokens"
+    same = np.flatnonzero(known & (pa == pb))
+    seg, pos, _ = segments(pa[same])
+    diff = a.prompt[ta.prompt_offset[ra[same]][seg] + pos] != b.prompt[tb.prompt_offset[rb[same]][seg] + pos]
+    bad = np.bincount(seg[diff], minlength=len(same)) > 0
+    for i, j in zip(same[bad].tolist(), np.unique(seg[diff], return_index=True)[1].tolist()):
+        out[i] = f"different prompts: token ids differ at prompt position {int(pos[diff][j])}"
+    hashed = np.flatnonzero(~known & (ta.prompt_hash[ra] != tb.prompt_hash[rb]))
+    for i in hashed:
+        out[i] = "different prompts (prompt_hash differs)"
+    return out
+
+
+def align(a: Side, b: Side) -> Alignment:
+    keys, row_a, row_b = _pair_keys(a, b)
+    if len(keys) and not np.any((row_a >= 0) & (row_b >= 0)):
+        raise AlignmentError(f"{a.path} and {b.path} have no request key in common: they are not runs of "
+                             f"the same prompt set (or the row selection excludes every key)")
+    reason = np.full(len(keys), "", dtype=object)
+    reason[row_b < 0] = "missing in B"
+    reason[row_a < 0] = "missing in A"
+    both = np.flatnonzero((row_a >= 0) & (row_b >= 0))
+    for rsn in (_status_reason(a, row_a[both], "A"), _status_reason(b, row_b[both], "B"),
+                _prompt_reason(a, b, row_a[both], row_b[both])):
+        fill = (reason[both] == "") & (rsn != "")
+        reason[both[fill]] = rsn[fill]
+    ok = reason == ""
+    get = lambda side, rows, col: np.where(rows >= 0, getattr(side.table, col)[np.maximum(rows, 0)], 0).astype(np.int64)
+    n_a, n_b = get(a, row_a, "n_tokens"), get(b, row_b, "n_tokens")
+    off_a, off_b = get(a, row_a, "token_offset"), get(b, row_b, "token_offset")
+    length = np.where(ok, np.minimum(n_a, n_b), 0)
+    seg, pos, start = segments(length)
+    return Alignment(a, b, keys, row_a, row_b, reason, n_a, n_b, off_a, off_b, length, seg, pos, start,
+                     off_a[seg] + pos, off_b[seg] + pos)

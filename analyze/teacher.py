@@ -1,0 +1,91 @@
+"""The --teacher-forced cross-check: does some cache history or dtype of a
+teacher-forced diagnostic reproduce an HTTP flip at the same position?
+
+The diagnostic (capture/, source "teacher_forced") replays a request's tokens
+through the model under several (history, dtype) configurations and stores one
+row per (key, history, dtype), with the same key as the HTTP request. At the
+first divergent position t of a pair, for each configuration c of that key whose
+replayed tokens before t equal A's (so its position t sees the same prefix):
+
+    argmax_c(t) = the top-k id with the largest raw logit (logprob without logits)
+    c flips     iff argmax_c(t) == B's token, or c's history is not `full` and
+                argmax_c(t) != argmax_(full, same dtype)(t)
+
+The verdict lists the flipping configurations ("reproduced by prefix:8 bf16")
+or says "not reproduced (N configurations)". It is evidence next to the
+class, never a replacement for it: the class always comes from the HTTP traces.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from tracekit.store import TraceReader, read_token_rows
+
+from .align import Alignment
+
+
+def _argmax_ids(reader: TraceReader, rows: np.ndarray) -> np.ndarray:
+    """[len(rows)] the top-1 id at each token row, by raw logit when stored."""
+    ids = read_token_rows(reader, "topk_id", rows)
+    name = "topk_logit" if reader.has_column("topk_logit") else "topk_logprob"
+    score = read_token_rows(reader, name, rows).astype(np.float64)
+    if name == "topk_logit" and len(score) and np.isnan(score).all(1).any():
+        lp = read_token_rows(reader, "topk_logprob", rows).astype(np.float64)
+        score = np.where(np.isnan(score).all(1, keepdims=True), lp, score)
+    score = np.where(np.isnan(score) | (ids < 0), -np.inf, score)
+    if not ids.shape[1]:
+        return np.full(len(rows), -1, dtype=np.int64)
+    return ids[np.arange(len(rows)), score.argmax(1)].astype(np.int64)
+
+
+def cross_check(diag: TraceReader, al: Alignment, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """[P] verdict per pair: a string for pairs that diverge inside the compared
+    length, None for the others."""
+    P = len(al.keys)
+    out = np.full(P, None, dtype=object)
+    t_all = cols["position"]
+    div = np.flatnonzero((t_all >= 0) & (t_all < cols["compared"]))
+    tab = diag.requests
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for r, (k, st) in enumerate(zip(tab.key.tolist(), tab.status.tolist())):
+        if st == "ok":
+            by_key[k].append(r)
+    d_tok = diag.column("token_id")
+    # Pass 1: which (pair, diag row) combinations are usable; pass 2 reads their rows at t in one go.
+    jobs: list[tuple[int, int]] = []
+    for i in div.tolist():
+        rows = by_key.get(al.keys[i], [])
+        if not rows:
+            out[i] = "no diagnostic row for this key"
+            continue
+        t = int(t_all[i])
+        a_prefix = al.a.token_id[al.off_a[i]:al.off_a[i] + t]
+        usable = [r for r in rows if tab.n_tokens[r] > t
+                  and np.array_equal(d_tok[tab.token_offset[r]:tab.token_offset[r] + t], a_prefix)]
+        if not usable:
+            out[i] = "not comparable (the diagnostic replays other tokens or is shorter)"
+        jobs += [(i, r) for r in usable]
+    if not jobs:
+        return out
+    pair_of = np.array([j[0] for j in jobs])
+    drow = np.array([j[1] for j in jobs])
+    am = _argmax_ids(diag, tab.token_offset[drow] + t_all[pair_of])
+    for i in np.unique(pair_of).tolist():
+        sel = np.flatnonzero(pair_of == i)
+        conf = {(tab.history[drow[j]], tab.dtype[drow[j]]): int(am[j]) for j in sel}
+        out[i] = _verdict(conf, int(cols["token_b"][i]))
+    return out
+
+
+def _verdict(conf: dict[tuple[str, str], int], token_b: int) -> str:
+    to_b = [c for c, a in conf.items() if a == token_b]
+    vs_full = [c for c, a in conf.items() if c[0] != "full" and ("full", c[1]) in conf
+               and a != conf[("full", c[1])] and c not in to_b]
+    flips = to_b + vs_full
+    if not flips:
+        return f"not reproduced ({len(conf)} configuration{'s' if len(conf) != 1 else ''})"
+    names = ", ".join(f"{h} {d}".strip() for h, d in flips[:4]) + (" …" if len(flips) > 4 else "")
+    return f"reproduced by {names}"
