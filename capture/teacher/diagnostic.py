@@ -1,0 +1,163 @@
+"""The diagnostic end to end: sequences x histories x dtypes -> one trace file.
+
+For each dtype the model is loaded once; sequences with the same prompt and
+output lengths and the same resolved histories go through together, in
+batches of at most `batch_tokens` input tokens, and each batch runs its
+histories as one trie (runner.run_histories). Rows are written one per
+(sequence, history, dtype) and flushed after each batch.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tracekit.errors import ConfigError
+from tracekit.runinfo import base_run
+from tracekit.schema import Layout, RequestRecord, RunMeta
+
+from .history import History, HistorySpec
+from .sequences import Sequence, eos_token_ids
+
+FULL_LOGITS_LIMIT_BYTES = 10**9
+
+
+@dataclass(frozen=True)
+class DiagnosticConfig:
+    model_dir: str
+    histories: tuple[HistorySpec, ...]
+    dtypes: tuple[str, ...]
+    attn: str = "sdpa"
+    device: str = "cpu"
+    topk: int = 20
+    full_logits: bool = False
+    force: bool = False
+    batch_tokens: int = 1 << 15     # input tokens per batched forward (memory bound)
+
+
+@dataclass
+class DiagnosticSummary:
+    path: str
+    rows: int = 0
+    sequences: int = 0
+    skipped: list[str] = field(default_factory=list)   # "key history" pairs that do not apply
+    seconds_by_dtype: dict[str, float] = field(default_factory=dict)
+
+
+def resolve(seq: Sequence, specs: tuple[HistorySpec, ...]) -> tuple[list[History], list[str]]:
+    """The sequence's histories (duplicates by label dropped) and the specs that do not apply."""
+    out, skipped = [], []
+    p, g = seq.shape
+    for spec in specs:
+        h = spec.resolve(p, g, seq.cached_tokens)
+        if h is None:
+            skipped.append(spec.label)
+        elif h.label not in {x.label for x in out}:
+            out.append(h)
+    return out, skipped
+
+
+def plan(seqs: list[Sequence], specs: tuple[HistorySpec, ...], batch_tokens: int):
+    """Batches [(seq indices, histories)]: equal shapes and equal histories, at
+    most batch_tokens inputs each. Also returns the skipped 'key history' pairs."""
+    groups: dict[tuple, list[int]] = {}
+    hist_of: dict[tuple, list[History]] = {}
+    skipped = []
+    for i, s in enumerate(seqs):
+        hists, bad = resolve(s, specs)
+        skipped += [f"{s.key} {label}" for label in bad]
+        if not hists:
+            continue
+        gk = (s.shape, tuple((h.label, h.ends) for h in hists))
+        groups.setdefault(gk, []).append(i)
+        hist_of[gk] = hists
+    batches = []
+    for gk, idx in groups.items():
+        per = max(1, batch_tokens // max(1, sum(gk[0]) - 1))
+        batches += [(idx[j:j + per], hist_of[gk]) for j in range(0, len(idx), per)]
+    return batches, skipped
+
+
+def full_logits_bytes(seqs: list[Sequence], specs, n_dtypes: int, vocab: int) -> int:
+    """Uncompressed FP32 size of the full-logits column the run would write."""
+    rows = sum(len(resolve(s, specs)[0]) * len(s.gen_ids) for s in seqs)
+    return rows * n_dtypes * vocab * 4
+
+
+def check_full_logits_size(nbytes: int, force: bool) -> None:
+    if nbytes > FULL_LOGITS_LIMIT_BYTES and not force:
+        raise ConfigError(f"--full-logits would write {nbytes / 1e9:.2f} GB of FP32 logits (before compression), "
+                          f"over the {FULL_LOGITS_LIMIT_BYTES / 1e9:.0f} GB limit; pass --force to write them "
+                          "anyway, or drop --full-logits (top-k raw logits are always stored)")
+
+
+def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dict) -> RunMeta:
+    import torch
+    import transformers
+
+    run = base_run(model=cfg.model_dir, histories=[s.label for s in cfg.histories], dtypes=list(cfg.dtypes),
+                   attn=cfg.attn, device=cfg.device, top_logprobs=cfg.topk, full_logits=cfg.full_logits,
+                   eos_token_ids=list(eos), torch=torch.__version__, transformers=transformers.__version__,
+                   **extra)
+    return RunMeta(source="teacher_forced", run=run,
+                   layout=Layout(topk=cfg.topk, raw_logits=True, vocab_size=vocab if cfg.full_logits else 0))
+
+
+def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[Sequence], batches) -> int:
+    """Run every batch in one loaded dtype and append its rows; returns rows written."""
+    import torch
+
+    from .runner import run_histories
+    from .scoring import score
+
+    rows = 0
+    for idx, hists in batches:
+        batch = [seqs[i] for i in idx]
+        p, g = batch[0].shape
+        full = torch.tensor([list(s.prompt_ids) + list(s.gen_ids) for s in batch], device=lm.device)  # [N, P+G]
+        logits = run_histories(lm, full[:, :-1], p - 1, hists)
+        targets = full[:, p:]                                                                           # [N, G]
+        cols = {h.label: score(logits[h.label], targets, cfg.topk, cfg.full_logits) for h in hists}
+        for n, s in enumerate(batch):
+            for h in hists:
+                rec = RequestRecord(key=s.key, prompt_hash=s.prompt_hash, finish_reason=s.finish_reason,
+                                    cached_tokens=h.cached_tokens, prompt_len=p, history=h.label,
+                                    dtype=lm.dtype, prompt_text=s.prompt_text,
+                                    params='{"teacher_forced": true}')
+                writer.append(rec, cols[h.label][n], s.prompt_ids, flush=False)
+                rows += 1
+        writer.flush()
+        del logits, cols
+    return rows
+
+
+def run_diagnostic(cfg: DiagnosticConfig, seqs: list[Sequence], out: str, first_model=None,
+                   extra_run: dict | None = None) -> DiagnosticSummary:
+    """Write the diagnostic trace for `seqs` to `out`. first_model: an already
+    loaded LoadedModel in cfg.dtypes[0] (the greedy generator's), reused."""
+    from tracekit.store import TraceWriter
+
+    from .runner import load_model
+
+    batches, skipped = plan(seqs, cfg.histories, cfg.batch_tokens)
+    if not batches:
+        raise ConfigError("no history applies to any sequence (prefix boundaries unknown, zero or past the end)")
+    summary = DiagnosticSummary(path=out, sequences=len(seqs), skipped=skipped)
+    writer = None
+    try:
+        for d in cfg.dtypes:
+            t0 = time.perf_counter()
+            lm = first_model if first_model is not None and first_model.dtype == d else \
+                load_model(cfg.model_dir, d, cfg.device, cfg.attn)
+            if writer is None:
+                writer = TraceWriter(out, run_meta(cfg, lm.vocab_size, eos_token_ids(lm.model), extra_run or {}))
+            summary.rows += write_rows(writer, cfg, lm, seqs, batches)
+            summary.seconds_by_dtype[d] = round(time.perf_counter() - t0, 3)
+            print(f"teacher-forced {d}: {summary.rows} rows so far, {summary.seconds_by_dtype[d]:.1f} s",
+                  file=sys.stderr)
+            del lm
+    finally:
+        if writer is not None:
+            writer.close()
+    return summary

@@ -1,0 +1,150 @@
+"""Run the histories of a batch of equal-shape sequences through an HF causal LM.
+
+Histories are executed as a trie of segments: two histories whose first j
+segment ends are equal run those j forwards once (same token slices, same
+shapes, same cache contents, so the same numbers) and fork the KV cache where
+they part. Nothing else is shared: a forward over tokens[:B] is never reused
+for tokens[:B'] (different shapes can pick different kernels), one dtype never
+feeds another, and sequences of different lengths are never padded into one
+batch (padding changes the attention numerics).
+
+This module knows nothing about files, prompts or tokenizers; torch and
+transformers are imported lazily.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from tracekit.errors import ConfigError
+
+from .history import History
+
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for teacher-forced forwards (eval mode, on its device)."""
+
+    model: Any
+    dtype: str
+    device: str
+    cache_kw: str          # forward keyword for the KV cache: 'cache' (5.2x) or 'past_key_values'
+    vocab_size: int
+
+
+def cache_keyword(model: Any) -> str:
+    """transformers 5.2x renamed `past_key_values` to `cache` (the old name warns)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdpa") -> LoadedModel:
+    """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError."""
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    if not sys.stderr.isatty():  # progress bars only on a terminal
+        hf_logging.disable_progress_bar()
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible to torch; use --device cpu")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, TORCH_DTYPES[dtype]),
+                                                     attn_implementation=attn)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{model_dir}: cannot load as an HF causal LM ({first})") from None
+    return wrap_model(model.to(device).eval(), dtype, device)
+
+
+def wrap_model(model: Any, dtype: str, device: str) -> LoadedModel:
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    return LoadedModel(model, dtype, device, cache_keyword(model), vocab)
+
+
+def new_cache(model: Any):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older signatures take no config
+        return DynamicCache()
+
+
+def fork_cache(cache):
+    """A cache that can grow independently of `cache`.
+
+    DynamicLayer.update replaces its tensors with torch.cat results and never
+    writes into them, so shallow copies of the layers share the prefix tensors
+    safely (no copy, bitwise the same contents). Any other layer type, which
+    may update in place, is deep-copied.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
+        return copy.deepcopy(cache)
+    forked = copy.copy(cache)
+    forked.layers = [copy.copy(layer) for layer in layers]
+    return forked
+
+
+def _forward(lm: LoadedModel, ids, cache, keep: int):
+    """Logits [N, keep, V] (model dtype) of the last `keep` positions of ids [N, S].
+
+    keep == 0 still computes one position (transformers reads 0 as "all").
+    """
+    kwargs = {"use_cache": cache is not None, "logits_to_keep": max(keep, 1)}
+    if cache is not None:
+        kwargs[lm.cache_kw] = cache
+    logits = lm.model(input_ids=ids, **kwargs).logits
+    return logits[:, logits.shape[1] - keep:, :] if keep else None
+
+
+def run_histories(lm: LoadedModel, ids, first_scored: int, histories: list[History]) -> dict[str, Any]:
+    """Logits [N, G, V] (model dtype) at positions first_scored.. of each history.
+
+    ids: [N, n_inputs] long tensor on the model's device; every history's last
+    segment end must be n_inputs. Returns {history label: logits}.
+    """
+    import torch
+
+    pieces: dict[str, list] = {h.label: [] for h in histories}
+    with torch.inference_mode():
+        _visit(lm, ids, first_scored, list(histories), depth=0, start=0, cache=None, pieces=pieces)
+    return {label: torch.cat(p, dim=1) if len(p) > 1 else p[0] for label, p in pieces.items()}
+
+
+def _visit(lm, ids, first_scored, hists, depth, start, cache, pieces) -> None:
+    """Run the trie node reached by `depth` shared segments ending at `start`.
+
+    Children are the distinct next segment ends; each runs once for all the
+    histories that take it. All but the last child get a forked cache.
+    """
+    children: dict[int, list[History]] = {}
+    for h in hists:
+        children.setdefault(h.ends[depth], []).append(h)
+    for i, (end, group) in enumerate(children.items()):
+        continues = any(len(h.ends) > depth + 1 for h in group)
+        last = i == len(children) - 1
+        if continues:
+            child_cache = new_cache(lm.model) if cache is None else (cache if last else fork_cache(cache))
+        else:
+            # A leaf: no later segment reads this cache, but a segment after a
+            # prefix must still attend to it (a fork, so siblings see the prefix only).
+            child_cache = None if cache is None else (cache if last else fork_cache(cache))
+        keep = end - max(start, first_scored)
+        logits = _forward(lm, ids[:, start:end], child_cache, keep)
+        if logits is not None:
+            for h in group:
+                pieces[h.label].append(logits)
+        rest = [h for h in group if len(h.ends) > depth + 1]
+        if rest:
+            _visit(lm, ids, first_scored, rest, depth + 1, end, child_cache, pieces)
