@@ -1,0 +1,133 @@
+"""What every dialect shares: the request spec, the per-request accumulator and
+the Protocol a dialect implements.
+
+A dialect turns one engine's JSON into appends on an `Acc` (plain Python lists,
+one append per token); `Acc.columns()` builds the numpy `TokenColumns` once per
+request at the end. Nothing here does I/O: the client owns the socket, the run
+loop owns the trace writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from tracekit.schema import TokenColumns
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to send. `prompt` is text or token ids; `extra` holds
+    per-request parameters from the prompt file, merged into the body last."""
+
+    key: str
+    prompt: str | list[int]
+    max_tokens: int
+    top_logprobs: int
+    ignore_eos: bool
+    stream: bool
+    model: str = ""
+    temperature: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Acc:
+    """Per-request accumulator. Token columns grow one entry per token:
+    ids [n] (-1 when the engine gave only a string), logprobs [n], t [n] (s),
+    top_ids / top_lps / top_logits: one list of length <= k per token."""
+
+    __slots__ = ("ids", "lps", "t", "top_ids", "top_lps", "top_logits", "strs", "top_strs", "finish_reason",
+                 "cached_tokens", "prompt_len", "prompt_ids", "done", "n_events", "seen")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.lps: list[float] = []
+        self.t: list[float] = []
+        self.top_ids: list[list[int]] = []
+        self.top_lps: list[list[float]] = []
+        self.top_logits: list[list[float]] | None = None
+        self.strs: list[str] | None = None        # chosen token strings, when ids are unknown
+        self.top_strs: list[list[str]] | None = None
+        self.finish_reason = ""
+        self.cached_tokens = -1                    # -1: not reported (never 0 for "absent")
+        self.prompt_len = -1
+        self.prompt_ids: list[int] | None = None
+        self.done = False                          # the dialect saw its end-of-stream marker
+        self.n_events = 0
+        self.seen = 0                              # tokens consumed, for cumulative streams (SGLang)
+
+    def columns(self, k: int, raw_logits: bool, to_ids: Callable[[list[str]], list[int]] | None) -> TokenColumns:
+        """Build the numpy columns once: [n], [n, k]; pads short top-k rows with -1 / NaN."""
+        n = len(self.lps)
+        ids, top_ids_rows = self.ids, self.top_ids
+        if self.strs is not None and to_ids is not None:
+            # Map only what the engine left unknown (-1); ids it gave win.
+            ids = [i if i >= 0 else m for i, m in zip(ids, to_ids(self.strs))]
+            top_ids_rows = [row if (not row or row[0] >= 0) else to_ids(s)
+                            for row, s in zip(self.top_ids, self.top_strs)]
+        tid = np.full((n, k), -1, np.int32)
+        tlp = np.full((n, k), np.nan, np.float32)
+        tlg = np.full((n, k), np.nan, np.float32) if raw_logits else None
+        if n and k:
+            widths = {len(r) for r in self.top_lps}
+            if len(widths) == 1 and widths.pop() >= k:
+                # The common case: every row has k entries; one vectorised copy.
+                tid[:] = np.asarray(top_ids_rows, np.int32)[:, :k]
+                tlp[:] = np.asarray(self.top_lps, np.float32)[:, :k]
+                if tlg is not None and self.top_logits is not None:
+                    tlg[:] = np.asarray(self.top_logits, np.float32)[:, :k]
+            else:
+                for i in range(n):
+                    m = min(len(self.top_lps[i]), k)
+                    tid[i, :m] = top_ids_rows[i][:m]
+                    tlp[i, :m] = self.top_lps[i][:m]
+                    if tlg is not None and self.top_logits is not None and self.top_logits[i]:
+                        tlg[i, :m] = self.top_logits[i][:m]
+        return TokenColumns(np.asarray(ids, np.int32).reshape(n), np.asarray(self.lps, np.float32),
+                            np.asarray(self.t, np.float64), tid, tlp, tlg)
+
+
+class EngineErrorEvent(Exception):
+    """An error object inside a 200 stream or body (the message is the excerpt)."""
+
+
+class Dialect(Protocol):
+    """One engine's wire format. Implementations are small modules; see
+    capture/dialects/__init__.py for the table."""
+
+    name: str
+    done_marker: bool      # the stream ends with `data: [DONE]` (a stream without it is cut)
+
+    def route(self, stream: bool) -> str: ...
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]: ...
+
+    def parse_response(self, obj: dict, acc: Acc, t: float) -> None:
+        """A whole non-stream body; every token gets arrival time t."""
+
+    def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
+        """One stream event; sets acc.done when it is the dialect's last event."""
+
+
+def check_error(obj: Any) -> None:
+    """Raise EngineErrorEvent for an `{"error": ...}` object (OpenAI, vLLM, TGI, llama.cpp)."""
+    if type(obj) is dict and "error" in obj and obj["error"]:
+        err = obj["error"]
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise EngineErrorEvent(str(msg)[:500])
+    if type(obj) is not dict:
+        raise EngineErrorEvent(f"expected a JSON object, got {type(obj).__name__}")
+
+
+def usage_into(usage: Any, acc: Acc) -> None:
+    """OpenAI `usage`: prompt_tokens and prompt_tokens_details.cached_tokens
+    (absent means unknown: leave -1, never write 0)."""
+    if not isinstance(usage, dict):
+        return
+    if isinstance(usage.get("prompt_tokens"), int):
+        acc.prompt_len = usage["prompt_tokens"]
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        acc.cached_tokens = details["cached_tokens"]

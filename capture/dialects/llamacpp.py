@@ -1,0 +1,61 @@
+"""llama.cpp's native `/completion` route (llama-server).
+
+Asks with `n_probs: k`; each token comes as `completion_probabilities[]
+.{id, token, bytes, logprob, top_logprobs[{id, token, bytes, logprob}]}`.
+The reused prefix is `timings.cache_n` (the last prompt token is always
+re-evaluated, so a full repeat shows len-1); `tokens_cached` is the slot's
+whole cache after the request, not the boundary, and is not used. The stream
+has **no `[DONE]`**: the last event carries `stop: true` and the timings.
+llama.cpp's `/v1/...` routes go through the openai dialects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Acc, RequestSpec, check_error
+
+# stop_type -> OpenAI-style finish reason.
+_FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
+
+
+def _probs(entries: list, acc: Acc, t: float) -> None:
+    for e in entries:
+        tops = e.get("top_logprobs") or ()
+        acc.ids.append(e["id"])
+        acc.lps.append(e["logprob"])
+        acc.top_ids.append([d["id"] for d in tops])
+        acc.top_lps.append([d["logprob"] for d in tops])
+        acc.t.append(t)
+
+
+class LlamaCppCompletion:
+    name = "llamacpp"
+    done_marker = False  # the last event has "stop": true instead
+
+    def route(self, stream: bool) -> str:
+        return "/completion"
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        b: dict[str, Any] = {"prompt": spec.prompt, "n_predict": spec.max_tokens, "temperature": spec.temperature,
+                             "n_probs": spec.top_logprobs, "cache_prompt": True, "stream": spec.stream}
+        if spec.ignore_eos:
+            b["ignore_eos"] = True
+        b.update(spec.extra)
+        return b
+
+    def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
+        check_error(obj)
+        probs = obj.get("completion_probabilities")
+        if probs:
+            _probs(probs, acc, t)
+        if obj.get("stop") is True:
+            acc.done = True
+            acc.finish_reason = _FINISH.get(obj.get("stop_type", ""), obj.get("stop_type", ""))
+            timings = obj.get("timings") or {}
+            if isinstance(timings.get("cache_n"), int):
+                acc.cached_tokens = timings["cache_n"]
+            if isinstance(obj.get("tokens_evaluated"), int):
+                acc.prompt_len = obj["tokens_evaluated"]
+
+    parse_response = parse_event

@@ -1,0 +1,169 @@
+"""OpenAI-compatible routes: `/v1/completions` (openai), `/v1/chat/completions`
+(openai-chat) and vLLM's extras on the completions route (vllm).
+
+Two logprob layouts reach these routes and both are accepted on either:
+- legacy completions arrays: `logprobs.{tokens[], token_logprobs[], top_logprobs[{str: lp}]}`
+  (strings only; vLLM's `return_tokens_as_token_ids` makes them "token_id:123");
+- chat-style `logprobs.content[].{token, logprob, bytes, top_logprobs[]}` (OpenAI chat;
+  llama.cpp sends this with an `id` even on /v1/completions).
+Where only strings come back, the chosen and top-k strings are kept and mapped
+to ids with the model's tokenizer at the end of the request (capture/tokens.py).
+The reference engine (`tracekit serve`), asked with `return_raw_logits: true`,
+adds `logprobs.top_logits` [n][k] with the aligned `top_token_ids` [n][k] (and
+`token_logits`, unused here), see docs/engine.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Acc, RequestSpec, check_error, usage_into
+
+_TID = "token_id:"
+
+
+def _str_mode(acc: Acc) -> None:
+    if acc.strs is None:
+        acc.strs = ["" for _ in acc.ids]
+        acc.top_strs = [[] for _ in acc.ids]
+
+
+def _entries(content: list, acc: Acc, t: float) -> None:
+    """Chat-style `content[]` entries: one per token."""
+    for e in content:
+        tops = e.get("top_logprobs") or ()
+        if "id" in e:
+            acc.ids.append(e["id"])
+            acc.top_ids.append([d["id"] for d in tops])
+            if acc.strs is not None:
+                acc.strs.append(e["token"])
+                acc.top_strs.append([])
+        else:
+            _str_mode(acc)
+            tok = e.get("bytes")
+            acc.strs.append(bytes(tok) if tok is not None else e["token"])
+            acc.top_strs.append([bytes(d["bytes"]) if d.get("bytes") is not None else d["token"] for d in tops])
+            acc.ids.append(-1)
+            acc.top_ids.append([-1] * len(tops))
+        acc.lps.append(e["logprob"])
+        acc.top_lps.append([d["logprob"] for d in tops])
+        acc.t.append(t)
+
+
+def _legacy(lp: dict, acc: Acc, t: float, token_ids: list | None) -> None:
+    """Legacy arrays; "token_id:N" strings are parsed, plain strings are kept for the tokenizer."""
+    tokens = lp.get("tokens") or []
+    tops = lp.get("top_logprobs") or [{}] * len(tokens)
+    acc.lps.extend(lp.get("token_logprobs") or [])
+    for i, tok in enumerate(tokens):
+        top = tops[i] or {}
+        if tok.startswith(_TID):
+            acc.ids.append(int(tok[9:]))
+            acc.top_ids.append([int(s[9:]) for s in top])
+        else:
+            _str_mode(acc)
+            acc.ids.append(token_ids[i] if token_ids and i < len(token_ids) else -1)
+            acc.strs.append(tok)
+            acc.top_strs.append(list(top))
+            acc.top_ids.append([-1] * len(top))
+        acc.top_lps.append(list(top.values()))
+        acc.t.append(t)
+
+
+def _choice(ch: dict, acc: Acc, t: float) -> None:
+    lp = ch.get("logprobs")
+    n0 = len(acc.lps)
+    if lp:
+        if "content" in lp:
+            _entries(lp["content"] or (), acc, t)
+        else:
+            _legacy(lp, acc, t, ch.get("token_ids"))
+        logits = lp.get("top_logits")
+        if logits is not None:
+            if acc.top_logits is None:
+                acc.top_logits = [[] for _ in range(n0)]
+            acc.top_logits.extend(logits)
+            # tracekit serve sends the top-k ids aligned with top_logits (string keys can collide).
+            tti = lp.get("top_token_ids")
+            if tti is not None:
+                acc.top_ids[n0:] = tti
+        elif acc.top_logits is not None:
+            acc.top_logits.extend([] for _ in range(len(acc.lps) - n0))
+    elif ch.get("token_ids"):
+        # vLLM with return_token_ids but no logprobs asked: ids without logprobs.
+        ids = ch["token_ids"]
+        acc.ids.extend(ids)
+        acc.lps.extend([float("nan")] * len(ids))
+        acc.top_ids.extend([] for _ in ids)
+        acc.top_lps.extend([] for _ in ids)
+        acc.t.extend([t] * len(ids))
+    if ch.get("prompt_token_ids"):
+        acc.prompt_ids = list(ch["prompt_token_ids"])
+    if ch.get("finish_reason"):
+        acc.finish_reason = ch["finish_reason"]
+
+
+class OpenAICompletions:
+    name = "openai"
+    done_marker = True
+
+    def route(self, stream: bool) -> str:
+        return "/v1/completions"
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        b: dict[str, Any] = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
+                             "stream": spec.stream}
+        if spec.model:
+            b["model"] = spec.model
+        if spec.top_logprobs:
+            b["logprobs"] = spec.top_logprobs
+        if spec.stream:
+            b["stream_options"] = {"include_usage": True}
+        if spec.ignore_eos:
+            b["ignore_eos"] = True  # not OpenAI; vLLM, SGLang, llama.cpp and tracekit serve accept it
+        b.update(spec.extra)
+        return b
+
+    def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
+        check_error(obj)
+        for ch in obj.get("choices") or ():
+            if ch.get("index", 0) == 0:
+                _choice(ch, acc, t)
+        if obj.get("prompt_token_ids"):
+            acc.prompt_ids = list(obj["prompt_token_ids"])
+        usage_into(obj.get("usage"), acc)
+
+    parse_response = parse_event
+
+
+class OpenAIChat(OpenAICompletions):
+    name = "openai-chat"
+
+    def route(self, stream: bool) -> str:
+        return "/v1/chat/completions"
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        if not isinstance(spec.prompt, str):
+            from tracekit.errors import ConfigError
+            raise ConfigError(f"prompt {spec.key!r}: the openai-chat dialect needs a text prompt, got token ids")
+        b = super().body(spec)
+        b["messages"] = [{"role": "user", "content": b.pop("prompt")}]
+        b.pop("logprobs", None)
+        if spec.top_logprobs:
+            b["logprobs"] = True
+            b["top_logprobs"] = spec.top_logprobs
+        b.update(spec.extra)
+        return b
+
+
+class VLLMCompletions(OpenAICompletions):
+    """vLLM's completions route: ids come back as "token_id:N" strings and as
+    `token_ids` / `prompt_token_ids` (return_token_ids, vLLM >= 0.10)."""
+
+    name = "vllm"
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        b = super().body(spec)
+        b.setdefault("return_tokens_as_token_ids", True)
+        b.setdefault("return_token_ids", True)
+        return b

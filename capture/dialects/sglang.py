@@ -1,0 +1,63 @@
+"""SGLang's native `/generate` route.
+
+Asks with `return_logprob: true, top_logprobs_num: k, logprob_start_len: -1`
+(output positions only). Tokens come as `meta_info.output_token_logprobs =
+[[logprob, id, text|null], ...]` and `meta_info.output_top_logprobs =
+[[[logprob, id, text], ...k], ...]`; the reused prefix is
+`meta_info.cached_tokens`. Streaming sends `data:` events and `[DONE]`; unless
+the server runs with `--incremental-streaming-output` the logprob lists are
+cumulative, so the parser takes only the entries past what it has consumed
+(`acc.seen`), which is right for both modes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Acc, RequestSpec, check_error
+
+
+class SGLangGenerate:
+    name = "sglang"
+    done_marker = True
+
+    def route(self, stream: bool) -> str:
+        return "/generate"
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        sp: dict[str, Any] = {"max_new_tokens": spec.max_tokens, "temperature": spec.temperature}
+        if spec.ignore_eos:
+            sp["ignore_eos"] = True
+        b: dict[str, Any] = {"sampling_params": sp, "stream": spec.stream, "return_logprob": True,
+                             "top_logprobs_num": spec.top_logprobs, "logprob_start_len": -1}
+        b["text" if isinstance(spec.prompt, str) else "input_ids"] = spec.prompt
+        b.update(spec.extra)
+        return b
+
+    def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
+        check_error(obj)
+        meta = obj.get("meta_info") or {}
+        out = meta.get("output_token_logprobs") or []
+        tops = meta.get("output_top_logprobs") or []
+        done = meta.get("completion_tokens")
+        # Cumulative lists hold every token so far (len == completion_tokens);
+        # incremental ones only the new ones. Either way skip what was seen.
+        start = acc.seen if isinstance(done, int) and len(out) == done else 0
+        for i in range(start, len(out)):
+            lp, tid = out[i][0], out[i][1]
+            row = tops[i] if i < len(tops) and tops[i] else ()
+            acc.ids.append(tid)
+            acc.lps.append(lp)
+            acc.top_ids.append([r[1] for r in row])
+            acc.top_lps.append([r[0] for r in row])
+            acc.t.append(t)
+        acc.seen = len(acc.lps)
+        if isinstance(meta.get("cached_tokens"), int):
+            acc.cached_tokens = meta["cached_tokens"]
+        if isinstance(meta.get("prompt_tokens"), int):
+            acc.prompt_len = meta["prompt_tokens"]
+        fr = meta.get("finish_reason")
+        if fr:
+            acc.finish_reason = fr.get("type", "") if isinstance(fr, dict) else str(fr)
+
+    parse_response = parse_event

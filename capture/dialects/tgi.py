@@ -1,0 +1,73 @@
+"""Hugging Face TGI's `/generate` and `/generate_stream` routes.
+
+Asks with `parameters: {details: true, top_n_tokens: k, do_sample: false}`
+(TGI rejects temperature 0; greedy is `do_sample: false`; the server caps k
+with `--max-top-n-tokens`, 5 by default). Tokens: non-stream
+`details.tokens[].{id, text, logprob, special}` and `details.top_tokens[][]`;
+stream events `{index, token{...}, top_tokens[], generated_text, details}` with
+text and details only on the last event, which ends the stream (no `[DONE]`).
+TGI reports no cached prompt tokens (cached_tokens stays -1) and has no
+ignore-EOS switch; prompts must be text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracekit.errors import ConfigError
+
+from .base import Acc, RequestSpec, check_error
+
+
+def _token(tok: dict, tops: list, acc: Acc, t: float) -> None:
+    acc.ids.append(tok["id"])
+    acc.lps.append(tok["logprob"])
+    acc.top_ids.append([d["id"] for d in tops])
+    acc.top_lps.append([d["logprob"] for d in tops])
+    acc.t.append(t)
+
+
+class TGIGenerate:
+    name = "tgi"
+    done_marker = False  # the event with `details` is the last
+
+    def route(self, stream: bool) -> str:
+        return "/generate_stream" if stream else "/generate"
+
+    def body(self, spec: RequestSpec) -> dict[str, Any]:
+        if not isinstance(spec.prompt, str):
+            raise ConfigError(f"prompt {spec.key!r}: TGI takes text prompts only, got token ids")
+        params: dict[str, Any] = {"max_new_tokens": spec.max_tokens, "details": True, "do_sample": False,
+                                  "decoder_input_details": False}
+        if spec.top_logprobs:
+            params["top_n_tokens"] = spec.top_logprobs
+        params.update(spec.extra)
+        return {"inputs": spec.prompt, "parameters": params, "stream": spec.stream}
+
+    def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
+        check_error(obj)
+        tok = obj.get("token")
+        if tok:
+            _token(tok, obj.get("top_tokens") or (), acc, t)
+        details = obj.get("details")
+        if details:
+            acc.done = True
+            acc.finish_reason = _finish(details.get("finish_reason", ""))
+            if isinstance(details.get("input_length"), int):
+                acc.prompt_len = details["input_length"]
+
+    def parse_response(self, obj: Any, acc: Acc, t: float) -> None:
+        if isinstance(obj, list) and obj:
+            obj = obj[0]  # the `/` route answers a list
+        check_error(obj)
+        details = obj.get("details") or {}
+        tops = details.get("top_tokens") or []
+        for i, tok in enumerate(details.get("tokens") or ()):
+            _token(tok, tops[i] if i < len(tops) else (), acc, t)
+        acc.done = True
+        acc.finish_reason = _finish(details.get("finish_reason", ""))
+
+
+def _finish(reason: str) -> str:
+    # TGI says eos_token / stop_sequence / length.
+    return {"eos_token": "stop", "stop_sequence": "stop"}.get(reason, reason)

@@ -1,0 +1,218 @@
+"""A transcript-replaying aiohttp server on 127.0.0.1:0, for the capture tests.
+
+It serves recorded (or constructed) responses from fixtures/transcripts/,
+re-chunked at seeded random byte boundaries so SSE events and UTF-8
+characters split across network reads, and injects faults chosen by the
+prompt text: a prompt "FAULT:<kind>" gets that fault (so faults hit the same
+request whatever the concurrency). Kinds: 500, cut (connection closed
+mid-event, chunked body unfinished), cleancut (body ends cleanly in the middle
+of an event), nodone (no end marker), badjson, errorevent, stall, reset (TCP RST).
+The server runs in its own thread and event loop, as a real separate server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+TRANSCRIPTS = Path(__file__).resolve().parents[2] / "fixtures" / "transcripts"
+
+
+@dataclass(frozen=True)
+class Transcript:
+    method: str
+    path: str
+    request: bytes
+    status: int
+    headers: dict
+    body: bytes
+
+    def events(self) -> list[bytes]:
+        """The SSE body split into events (each with its blank-line terminator)."""
+        parts = self.body.split(b"\n\n")
+        return [p + b"\n\n" for p in parts if p.strip()]
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, i = b"", 0
+    while i < len(data):
+        j = data.index(b"\r\n", i)
+        size = int(data[i:j], 16)
+        if size == 0:
+            break
+        out += data[j + 2:j + 2 + size]
+        i = j + 2 + size + 2
+    return out
+
+
+def load(name: str) -> Transcript:
+    raw = (TRANSCRIPTS / name).read_bytes()
+    head, resp = raw.split(b"\n### response\n", 1)
+    lines = head.split(b"\n", 3)
+    method, path = lines[1].decode().split(" ", 1)
+    status_head, body = resp.split(b"\r\n\r\n", 1)
+    hl = status_head.decode("latin-1").split("\r\n")
+    status = int(hl[0].split(" ")[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in hl[1:])}
+    if headers.get("transfer-encoding") == "chunked":
+        body = _dechunk(body)
+    return Transcript(method, path, lines[2] if len(lines) > 2 else b"", status, headers, body)
+
+
+def _prompt_text(body: dict) -> str:
+    p = body.get("prompt", body.get("text", body.get("inputs")))
+    if p is None and body.get("messages"):
+        p = body["messages"][0].get("content")
+    return p if isinstance(p, str) else ""
+
+
+class ReplayServer:
+    """routes: {(METHOD, path): Transcript | {"stream": T, "nonstream": T}}."""
+
+    def __init__(self, routes: dict, seed: int = 0, max_piece: int = 97, stall_s: float = 30.0):
+        self.routes, self.seed, self.max_piece, self.stall_s = routes, seed, max_piece, stall_s
+        self.requests: list[dict] = []     # every POST body and its Authorization header
+        self._n = 0
+
+    # -- lifecycle: a thread with its own loop -------------------------------
+    def __enter__(self) -> "ReplayServer":
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        ready.set()
+        self._loop.run_forever()
+
+    def __exit__(self, *exc) -> None:
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        try:
+            fut.result(10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    # -- handling ---------------------------------------------------------------
+    def _pick(self, request: web.Request, body: dict) -> Transcript | None:
+        t = self.routes.get((request.method, request.path))
+        if isinstance(t, dict):
+            t = t["stream" if body.get("stream") else "nonstream"]
+        return t
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = {}
+        if request.method == "POST":
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return web.json_response({"error": {"message": "bad json", "code": 500}}, status=500)
+            self.requests.append({"path": request.path, "body": body,
+                                  "auth": request.headers.get("Authorization")})
+        t = self._pick(request, body)
+        if t is None:
+            return web.json_response({"error": {"message": f"no route {request.path}"}}, status=404)
+        text = _prompt_text(body)
+        fault = text.split(":", 1)[1].split()[0] if text.startswith("FAULT:") else ""
+        if fault == "500":
+            return web.json_response({"error": {"message": "injected failure", "type": "server_error",
+                                                "code": 500}}, status=500)
+        self._n += 1
+        rng = random.Random(self.seed * 1000 + self._n)
+        resp = web.StreamResponse(status=t.status, headers={"Content-Type": t.headers.get("content-type", "")})
+        await resp.prepare(request)
+        payload = self._faulted(t, fault)
+        if fault in ("cut", "reset", "stall"):
+            payload = payload[: len(payload) // 2]
+        for piece in _split(payload, rng, self.max_piece):
+            await resp.write(piece)
+            await asyncio.sleep(0)
+        if fault == "stall":
+            await asyncio.sleep(self.stall_s)
+        if fault == "cut":
+            request.transport.close()           # FIN without the last chunk
+            return resp
+        if fault == "reset":
+            sock = request.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            request.transport.abort()           # RST
+            return resp
+        await resp.write_eof()
+        return resp
+
+    def _faulted(self, t: Transcript, fault: str) -> bytes:
+        ev = t.events()
+        if fault == "cleancut":
+            whole = b"".join(ev[:2])
+            return whole + ev[2][: len(ev[2]) // 2]
+        if fault == "nodone":
+            return b"".join(e for e in ev if b"[DONE]" not in e and b'"stop":true' not in e
+                            and b'"details":{' not in e)
+        if fault == "badjson":
+            return b"".join(ev[:2]) + b'data: {"choices": [{"text": "x", \n\n' + b"".join(ev[3:])
+        if fault == "errorevent":
+            return b"".join(ev[:2]) + b'data: {"error": {"message": "injected engine error", "code": 500}}\n\n' \
+                + b"data: [DONE]\n\n"
+        return t.body
+
+
+def _split(data: bytes, rng: random.Random, max_piece: int) -> list[bytes]:
+    out, i = [], 0
+    while i < len(data):
+        n = rng.randint(1, max_piece)
+        out.append(data[i:i + n])
+        i += n
+    return out
+
+
+def routes_for(engine: str) -> dict:
+    """The replay routes of one engine's transcripts."""
+    L = load
+    if engine == "llamacpp":
+        return {("GET", "/v1/models"): L("llamacpp-server__v1-models.http"),
+                ("GET", "/health"): L("llamacpp-server__health.http"),
+                ("GET", "/slots"): L("llamacpp-server__slots.http"),
+                ("GET", "/props"): L("llamacpp-server__props.http"),
+                ("POST", "/completion"): {"stream": L("llamacpp-server__completion__stream.http"),
+                                          "nonstream": L("llamacpp-server__completion__nonstream.http")},
+                ("POST", "/v1/completions"): {"stream": L("llamacpp-server__v1-completions__stream.http"),
+                                              "nonstream": L("llamacpp-server__v1-completions__nonstream.http")},
+                ("POST", "/v1/chat/completions"): {
+                    "stream": L("llamacpp-server__v1-chat-completions__stream.http"),
+                    "nonstream": L("llamacpp-server__v1-chat-completions__nonstream.http")}}
+    if engine == "llama-cpp-python":
+        return {("GET", "/v1/models"): L("llama-cpp-python__v1-models.http"),
+                ("POST", "/v1/completions"): {"stream": L("llama-cpp-python__v1-completions__stream.http"),
+                                              "nonstream": L("llama-cpp-python__v1-completions__nonstream.http")}}
+    if engine == "vllm":
+        return {("GET", "/v1/models"): L("vllm__v1-models.http"),
+                ("POST", "/v1/completions"): {"stream": L("vllm__v1-completions__stream.http"),
+                                              "nonstream": L("vllm__v1-completions__nonstream.http")}}
+    if engine == "sglang":
+        return {("GET", "/v1/models"): L("sglang__v1-models.http"),
+                ("POST", "/generate"): {"stream": L("sglang__generate__stream.http"),
+                                        "nonstream": L("sglang__generate__nonstream.http")}}
+    if engine == "tgi":
+        return {("GET", "/v1/models"): L("tgi__v1-models.http"), ("GET", "/info"): L("tgi__info.http"),
+                ("POST", "/generate"): L("tgi__generate__nonstream.http"),
+                ("POST", "/generate_stream"): L("tgi__generate_stream__stream.http")}
+    raise KeyError(engine)
