@@ -16,7 +16,7 @@ from .diagnostic import (DiagnosticConfig, DiagnosticSummary, check_full_logits_
 from .history import History, HistorySpec, parse_dtypes, parse_histories
 from .sequences import Sequence, from_trace, read_prompts
 
-__all__ = ["DiagnosticConfig", "DiagnosticSummary", "History", "HistorySpec", "Sequence", "cli_run",
+__all__ = ["DiagnosticConfig", "DiagnosticSummary", "History", "HistorySpec", "Sequence", "cli_run", "run_from_options",
            "parse_histories", "parse_dtypes", "run_diagnostic"]
 
 
@@ -32,11 +32,32 @@ def _vocab_size(model_dir: str) -> int:
     return int(text.vocab_size)
 
 
-def cli_run(*, teacher_forced: str, out: str, history: str = "full", dtype: str = "fp32", from_path: str | None = None,
+def cli_run(*, as_json: bool = False, **opts) -> int:
+    """`tracekit capture --teacher-forced`: run, print a summary on stdout
+    (one JSON document with --json), return the exit code (0)."""
+    import json
+    import sys
+
+    s = run_from_options(**opts)
+    if as_json:
+        print(json.dumps(s.as_dict(), sort_keys=True))
+    else:
+        print(f"{s.path}: {s.rows} teacher-forced rows ({s.sequences} sequences x histories x dtypes); "
+              + ", ".join(f"{d} {t:.1f}s" for d, t in s.seconds_by_dtype.items()))
+    if s.skipped:
+        print(f"note: {len(s.skipped)} (sequence, history) pairs did not apply and have no row: "
+              + ", ".join(s.skipped[:5]) + (" ..." if len(s.skipped) > 5 else ""), file=sys.stderr)
+    return 0
+
+
+def run_from_options(*, teacher_forced: str, out: str | None, history: str = "full", dtype: str = "fp32", from_path: str | None = None,
             keys: str | None = None, prompts: str | None = None, max_tokens: int | None = None, attn: str = "sdpa",
             device: str = "cpu", top_logprobs: int = 20, full_logits: bool = False, force: bool = False,
             **_ignored) -> DiagnosticSummary:
-    """Run the diagnostic from CLI options (strings as typed); raises ConfigError on bad input."""
+    """Run the diagnostic from CLI options (strings as typed); raises ConfigError on bad input.
+    Options of the HTTP capture that do not apply here arrive in **_ignored."""
+    if not out:
+        raise ConfigError("--teacher-forced needs --out FILE.h5")
     if (from_path is None) == (prompts is None):
         raise ConfigError("--teacher-forced needs exactly one of --from TRACE or --prompts FILE")
     if prompts is not None and not (max_tokens and max_tokens > 0):

@@ -44,6 +44,10 @@ class DiagnosticSummary:
     skipped: list[str] = field(default_factory=list)   # "key history" pairs that do not apply
     seconds_by_dtype: dict[str, float] = field(default_factory=dict)
 
+    def as_dict(self) -> dict:
+        return {"out": self.path, "rows": self.rows, "sequences": self.sequences, "skipped": list(self.skipped),
+                "seconds_by_dtype": dict(self.seconds_by_dtype)}
+
 
 def resolve(seq: Sequence, specs: tuple[HistorySpec, ...]) -> tuple[list[History], list[str]]:
     """The sequence's histories (duplicates by label dropped) and the specs that do not apply."""

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from capture.teacher import cli_run
+from capture.teacher import run_from_options
 from tracekit.errors import ConfigError, TracekitError
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns
 from tracekit.store import TraceReader, TraceWriter
@@ -23,7 +23,7 @@ def _prompts(tmp_path, n=4):
 
 def test_prompts_to_trace_one_row_per_sequence_history_dtype(random_model_dir, tmp_path):
     out = tmp_path / "diag.h5"
-    s = cli_run(teacher_forced=str(random_model_dir), prompts=str(_prompts(tmp_path)), max_tokens=6,
+    s = run_from_options(teacher_forced=str(random_model_dir), prompts=str(_prompts(tmp_path)), max_tokens=6,
                 history="full,prefix:5,chunked:4,decode", dtype="fp32,bf16", top_logprobs=5,
                 full_logits=True, out=str(out))
     assert (s.sequences, s.rows) == (4, 4 * 4 * 2)
@@ -73,7 +73,7 @@ def test_from_trace_prefix_auto_uses_reported_cached_tokens(random_model_dir, tm
                         ("c", list(range(3, 23)), [1, 2], 8, "error"),
                         ("d", list(range(4, 24)), [3, 4, 5, 6], 8, "ok")])
     out = tmp_path / "diag.h5"
-    s = cli_run(teacher_forced=str(random_model_dir), from_path=str(src), history="full,prefix:auto",
+    s = run_from_options(teacher_forced=str(random_model_dir), from_path=str(src), history="full,prefix:auto",
                 dtype="fp32", out=str(out))
     assert s.skipped == ["b prefix:auto"]          # no boundary reported: said, not guessed
     with TraceReader(out) as r:
@@ -85,17 +85,17 @@ def test_from_trace_prefix_auto_uses_reported_cached_tokens(random_model_dir, tm
         np.testing.assert_array_equal(r.prompt_ids(i), np.arange(1, 21))
         np.testing.assert_array_equal(r.tokens(i).token_id, [5, 6, 7, 8])
         assert t.prompt_hash[i] == "ha" and t.finish_reason[i] == "length"
-    s = cli_run(teacher_forced=str(random_model_dir), from_path=str(src), keys="d", history="decode",
+    s = run_from_options(teacher_forced=str(random_model_dir), from_path=str(src), keys="d", history="decode",
                 dtype="bf16", out=str(tmp_path / "d.h5"))
     assert s.rows == 1
     with pytest.raises(ConfigError, match="no request with key 'zz'"):
-        cli_run(teacher_forced=str(random_model_dir), from_path=str(src), keys="d,zz", out=str(tmp_path / "e.h5"))
+        run_from_options(teacher_forced=str(random_model_dir), from_path=str(src), keys="d,zz", out=str(tmp_path / "e.h5"))
 
 
 def test_full_logits_over_1gb_refused_with_the_size(random_model_dir, tmp_path):
     # 4 prompts x 200,000 tokens x 2 histories x 512 ids x 4 B = 3.28 GB, refused before generating
     with pytest.raises(ConfigError, match=r"3\.28 GB .*--force"):
-        cli_run(teacher_forced=str(random_model_dir), prompts=str(_prompts(tmp_path)), max_tokens=200_000,
+        run_from_options(teacher_forced=str(random_model_dir), prompts=str(_prompts(tmp_path)), max_tokens=200_000,
                 history="full,decode", full_logits=True, out=str(tmp_path / "x.h5"))
     assert not (tmp_path / "x.h5").exists()
 
@@ -110,9 +110,9 @@ def test_full_logits_over_1gb_refused_with_the_size(random_model_dir, tmp_path):
 def test_bad_options_are_config_errors(random_model_dir, tmp_path, monkeypatch, opts, msg):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TracekitError, match=msg):   # the CLI prints each as one `Error:` line
-        cli_run(teacher_forced=str(random_model_dir), out="o.h5", **opts)
+        run_from_options(teacher_forced=str(random_model_dir), out="o.h5", **opts)
 
 
 def test_not_a_model_dir(tmp_path):
     with pytest.raises(ConfigError, match="not an HF model directory"):
-        cli_run(teacher_forced=str(tmp_path), prompts="p.jsonl", max_tokens=2, out=str(tmp_path / "o.h5"))
+        run_from_options(teacher_forced=str(tmp_path), prompts="p.jsonl", max_tokens=2, out=str(tmp_path / "o.h5"))

@@ -1,0 +1,46 @@
+"""`tracekit capture --teacher-forced` through the real command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tracekit.store import TraceReader
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _tracekit(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
+                                                             "OMP_NUM_THREADS": "2"})
+
+
+def test_cli_prompts_json_summary_and_clean_stdout(random_model_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": [5, 6, 7, 8, 9, 10]}\n{"id": "b", "prompt": [11, 12, 13, 14, 15, 16]}\n')
+    out = tmp_path / "diag.h5"
+    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", prompts, "--max-tokens", 4,
+                  "--history", "full,prefix:3,decode", "--dtype", "fp32,bf16", "--top-logprobs", 3,
+                  "--out", out, "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)            # exactly one JSON document on stdout
+    assert summary["rows"] == 2 * 3 * 2 and summary["out"] == str(out)
+    with TraceReader(out) as t:
+        assert t.meta.source == "teacher_forced" and t.layout.topk == 3 and t.layout.raw_logits
+        assert t.meta.run["histories"] == ["full", "prefix:3", "decode"]
+
+
+def test_cli_errors(random_model_dir, tmp_path):
+    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", tmp_path / "none.jsonl",
+                  "--out", tmp_path / "o.h5")
+    assert r.returncode == 3 and r.stderr.startswith("Error: ") and "no such prompt file" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", "x.jsonl", "--history", "prefix:x",
+                  "--out", tmp_path / "o.h5")
+    assert r.returncode == 3 and "bad history 'prefix:x'" in r.stderr
+    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", "x.jsonl", "--concurrency", 4,
+                  "--out", tmp_path / "o.h5")
+    assert r.returncode == 2 and "--concurrency: only with --http" in r.stderr
