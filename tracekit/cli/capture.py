@@ -20,6 +20,8 @@ EPILOG = """Examples:
       --out serial.h5 --concurrency 1
   tracekit capture --http http://127.0.0.1:8000 --prompts fixtures/prompts/cpu_small.jsonl \\
       --out concurrent.h5 --concurrency 16 && tracekit diff serial.h5 concurrent.h5
+  tracekit capture --teacher-forced fixtures/models/tiny --from serial.h5 \\
+      --history full,prefix:auto,decode --dtype fp32,bf16 --out diag.h5
 """
 
 
@@ -36,7 +38,7 @@ def _kv(ctx, param, values):
 @click.command(epilog=EPILOG)
 @click.option("--http", "url", metavar="URL", help="Capture from the server at URL (e.g. http://127.0.0.1:8000).")
 @click.option("--teacher-forced", "teacher_model", metavar="MODEL",
-              help="Teacher-forced diagnostic on a local HF model directory (see docs/teacher.md).")
+              help="Teacher-forced diagnostic on a local HF model directory (see docs/diagnostic.md).")
 # ---- --http options --------------------------------------------------------
 @click.option("--prompts", type=click.Path(dir_okay=False), help="JSONL prompt set (docs/capture.md).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Trace file to write (.h5).")
@@ -62,6 +64,17 @@ def _kv(ctx, param, values):
 # ---- --teacher-forced options (added by the teacher-forced helper) ---------
 # TEACHER-FORCED OPTIONS: add `@click.option(...)` lines here; they reach
 # `capture.teacher.cli_run(**opts)` through `teacher_opts` below.
+@click.option("--from", "from_path", type=click.Path(dir_okay=False), metavar="TRACE",
+              help="Teacher-forced: replay the requests of this trace (prompt ids + generated ids).")
+@click.option("--keys", metavar="K,...", help="Teacher-forced: only these request keys of --from.")
+@click.option("--history", default="full", show_default=True, metavar="H,...",
+              help="Teacher-forced: cache histories, full,prefix:B,prefix:auto,chunked:C,decode.")
+@click.option("--dtype", default="fp32", show_default=True, metavar="D,...", help="Teacher-forced: fp32,bf16,fp16.")
+@click.option("--attn", default="sdpa", show_default=True, type=click.Choice(["sdpa", "eager"]),
+              help="Teacher-forced: attention implementation.")
+@click.option("--device", default="cpu", show_default=True, help="Teacher-forced: cpu or cuda[:N].")
+@click.option("--full-logits", is_flag=True, help="Teacher-forced: also store full-vocabulary logits.")
+@click.option("--force", is_flag=True, help="Teacher-forced: write --full-logits even over 1 GB.")
 @click.pass_context
 def cmd(ctx, url, teacher_model, as_json, **opts):
     """Capture a trace from an engine over HTTP, or teacher-forced from a model."""
@@ -70,9 +83,25 @@ def cmd(ctx, url, teacher_model, as_json, **opts):
     if teacher_model:
         # ---- TEACHER-FORCED DISPATCH ----
         from capture import teacher
-        rc = teacher.cli_run(model=teacher_model, as_json=as_json, **opts)
-        ctx.exit(rc or 0)
+        _only_for(ctx, "--http", HTTP_ONLY)
+        ctx.exit(teacher.cli_run(teacher_forced=teacher_model, as_json=as_json, **opts) or 0)
+    _only_for(ctx, "--teacher-forced", TEACHER_ONLY)
     ctx.exit(_run_http(url, as_json, opts))
+
+
+# Options of one mode given in the other: a usage error, not silently ignored.
+HTTP_ONLY = ("concurrency", "ignore_eos", "stream", "dialect", "tokenizer", "model", "api_key_env", "timeout_s",
+             "arrival", "seed", "repeat", "resume", "run_meta")
+TEACHER_ONLY = ("from_path", "keys", "history", "dtype", "attn", "device", "full_logits", "force")
+
+
+def _only_for(ctx, mode: str, names: tuple[str, ...]) -> None:
+    from click.core import ParameterSource
+
+    given = [n for n in names if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+    if given:
+        flags = ", ".join("--" + ("from" if n == "from_path" else n.replace("_", "-")) for n in given)
+        raise click.UsageError(f"{flags}: only with {mode}")
 
 
 HTTP_OPTIONS = ("prompts", "out", "concurrency", "max_tokens", "top_logprobs", "ignore_eos", "stream", "dialect",
