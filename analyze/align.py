@@ -76,11 +76,34 @@ def _choices(t: RequestTable) -> str:
     return f" (it has: {'; '.join(combos)})" if combos else ""
 
 
+def top1(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of [N, k] top-k columns: the id with the largest raw logit (the
+    logprob where a row has no logits) and its logprob. -1 / NaN for empty rows."""
+    score = lps.astype(np.float64)
+    if logits is not None:
+        has = ~np.isnan(logits).all(1, keepdims=True)
+        score = np.where(has, logits, score)
+    score = np.where(np.isnan(score) | (ids < 0), -np.inf, score)
+    if not ids.shape[1]:
+        return np.full(len(ids), -1, np.int32), np.full(len(ids), np.nan, np.float32)
+    j = score.argmax(1)
+    r = np.arange(len(ids))
+    empty = np.isneginf(score[r, j])
+    return np.where(empty, -1, ids[r, j]).astype(np.int32), np.where(empty, np.nan, lps[r, j]).astype(np.float32)
+
+
 def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: str = "a") -> Side:
+    """Select rows and read the compared columns. In a teacher-forced trace the
+    stored token_id is the replayed (forced) token, the same in every history;
+    what a history *predicts* is its top-1, so that is what gets compared."""
     rows = _select_rows(reader, select or {}, label)
-    cols = reader.columns(["token_id", "logprob"])
-    return Side(reader.path, reader.meta, reader.requests, rows, cols["token_id"], cols["logprob"],
-                prompt_column(reader), reader)
+    if reader.meta.source == "teacher_forced":
+        logits = reader.column("topk_logit") if reader.has_column("topk_logit") else None
+        token_id, logprob = top1(reader.column("topk_id"), reader.column("topk_logprob"), logits)
+    else:
+        cols = reader.columns(["token_id", "logprob"])
+        token_id, logprob = cols["token_id"], cols["logprob"]
+    return Side(reader.path, reader.meta, reader.requests, rows, token_id, logprob, prompt_column(reader), reader)
 
 
 def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -24,21 +24,14 @@ import numpy as np
 
 from tracekit.store import TraceReader, read_token_rows
 
-from .align import Alignment
+from .align import Alignment, top1
 
 
 def _argmax_ids(reader: TraceReader, rows: np.ndarray) -> np.ndarray:
     """[len(rows)] the top-1 id at each token row, by raw logit when stored."""
-    ids = read_token_rows(reader, "topk_id", rows)
-    name = "topk_logit" if reader.has_column("topk_logit") else "topk_logprob"
-    score = read_token_rows(reader, name, rows).astype(np.float64)
-    if name == "topk_logit" and len(score) and np.isnan(score).all(1).any():
-        lp = read_token_rows(reader, "topk_logprob", rows).astype(np.float64)
-        score = np.where(np.isnan(score).all(1, keepdims=True), lp, score)
-    score = np.where(np.isnan(score) | (ids < 0), -np.inf, score)
-    if not ids.shape[1]:
-        return np.full(len(rows), -1, dtype=np.int64)
-    return ids[np.arange(len(rows)), score.argmax(1)].astype(np.int64)
+    logits = read_token_rows(reader, "topk_logit", rows) if reader.has_column("topk_logit") else None
+    ids, _ = top1(read_token_rows(reader, "topk_id", rows), read_token_rows(reader, "topk_logprob", rows), logits)
+    return ids.astype(np.int64)
 
 
 def cross_check(diag: TraceReader, al: Alignment, cols: dict[str, np.ndarray]) -> np.ndarray:
