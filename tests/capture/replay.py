@@ -80,6 +80,7 @@ class ReplayServer:
     def __init__(self, routes: dict, seed: int = 0, max_piece: int = 97, stall_s: float = 30.0):
         self.routes, self.seed, self.max_piece, self.stall_s = routes, seed, max_piece, stall_s
         self.requests: list[dict] = []     # every POST body and its Authorization header
+        self.armed = True                  # False: FAULT: prompts are served normally
         self._n = 0
 
     # -- lifecycle: a thread with its own loop -------------------------------
@@ -132,7 +133,7 @@ class ReplayServer:
         if t is None:
             return web.json_response({"error": {"message": f"no route {request.path}"}}, status=404)
         text = _prompt_text(body)
-        fault = text.split(":", 1)[1].split()[0] if text.startswith("FAULT:") else ""
+        fault = text.split(":", 1)[1].split()[0] if text.startswith("FAULT:") and self.armed else ""
         if fault == "500":
             return web.json_response({"error": {"message": "injected failure", "type": "server_error",
                                                 "code": 500}}, status=500)
@@ -156,7 +157,10 @@ class ReplayServer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             request.transport.abort()           # RST
             return resp
-        await resp.write_eof()
+        try:
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client gave up (a stall past its timeout)
         return resp
 
     def _faulted(self, t: Transcript, fault: str) -> bytes:
