@@ -67,19 +67,23 @@ def drift(al: Alignment, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     """Per pair over positions < t: max and mean |Δ chosen logprob| (NaN when no
     position compares) and whether every chosen logprob is bitwise equal."""
     la, lb = al.a.logprob[al.idx_a], al.b.logprob[al.idx_b]
-    pre = al.pos < t[al.seg]
-    d = np.abs(la.astype(np.float64) - lb)
-    valid = pre & ~np.isnan(d)
     P = len(t)
-    cnt = np.bincount(al.seg, weights=valid, minlength=P)
-    mean = np.bincount(al.seg, weights=np.where(valid, d, 0.0), minlength=P) / np.maximum(cnt, 1)
-    dmax = np.full(P, np.nan)
-    nonempty = np.flatnonzero(al.length > 0)
-    if len(nonempty):
-        dmax[nonempty] = np.fmax.reduceat(np.where(valid, d, np.nan), al.start[nonempty])
-    mean[cnt == 0] = np.nan
+    dmax, mean = np.full(P, np.nan), np.full(P, np.nan)
+    bitwise = np.ones(P, bool)
+    nz = np.flatnonzero(al.length > 0)
+    if not len(nz):
+        return dmax, mean, bitwise
+    starts = al.start[nz]
+    pre = al.pos < t[al.seg]
+    d = np.abs(la - lb)                       # float32 [T]; NaN where either logprob is unknown
+    d[~pre] = np.nan
+    valid = ~np.isnan(d)
+    cnt = np.add.reduceat(valid, starts, dtype=np.int64)
+    dmax[nz] = np.fmax.reduceat(d, starts)
+    d[~valid] = 0
+    mean[nz] = np.where(cnt > 0, np.add.reduceat(d, starts, dtype=np.float64) / np.maximum(cnt, 1), np.nan)
     bits_differ = pre & (la.view(np.uint32) != lb.view(np.uint32))
-    bitwise = np.bincount(al.seg, weights=bits_differ, minlength=P) == 0
+    bitwise[nz] = np.add.reduceat(bits_differ, starts, dtype=np.int64) == 0
     return dmax, mean, bitwise
 
 

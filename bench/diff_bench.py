@@ -1,0 +1,206 @@
+"""Benchmark `tracekit diff` against the per-position way and against the read floor.
+
+Two synthetic traces of N positions (default 1,000,000) with top-20 ids,
+logprobs and raw logits, written through TraceWriter, with planted
+divergences of every class. Measured side by side in one run:
+
+  tracekit        analyze.diff(A, B): read + align + classify, vectorised
+  per-position    the check_logprobs_close way: read the columns, build the
+                  per-position {id: logprob} top-k dicts it consumes, run its
+                  rule (first differing position: each token in the other's top-k)
+  read floor      just reading the compared columns (token_id, logprob,
+                  topk_id, topk_logprob, topk_logit) of both files
+  read floor 1-D  reading token_id + logprob only (the least any diff must read)
+
+Targets: speedup_vs_per_position >= 20, vs_read_floor <= 2.
+
+    python bench/diff_bench.py [--quick] [--json] [--positions N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analyze import diff  # noqa: E402
+from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns  # noqa: E402
+from tracekit.store import TraceReader, TraceWriter  # noqa: E402
+
+K, EOS, PROMPT = 20, 2, 16
+PLANT = {"post_eos": 0.02, "bf16_tie_flip": 0.05, "cache_boundary": 0.02, "unexplained": 0.01, "incomparable": 0.01}
+
+
+def synth(n_pos: int, seed: int = 0):
+    """A's columns [N] / [N, K], request lengths, and per request the class planted."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(600, 1400, size=max(1, n_pos // 1000))
+    lens[-1] += n_pos - lens.sum()
+    lens = np.maximum(lens, 8)
+    n = int(lens.sum())
+    tok = rng.integers(3, 30000, n).astype(np.int32)
+    # top-k: the chosen id first, then filler ids from another range; descending logprobs.
+    ids = np.concatenate([tok[:, None], rng.integers(40000, 50000, (n, K - 1)).astype(np.int32)], 1)
+    lp = -np.sort(rng.uniform(0.05, 12.0, (n, K)), axis=1).astype(np.float32)
+    logit = (lp + 10.0).astype(np.float32)
+    cls = rng.choice(["identical"] + list(PLANT), size=len(lens), p=[1 - sum(PLANT.values())] + list(PLANT.values()))
+    cls[:len(PLANT)] = list(PLANT)   # every class at least once, whatever N
+    return dict(tok=tok, ids=ids, lp=lp, logit=logit), lens, cls
+
+
+def plant(cols, lens, cls, rng):
+    """B's columns and per-request edits; returns (b_cols, cached_a, cached_b, skip_b, status_b)."""
+    a, b = cols, {k: v.copy() for k, v in cols.items()}
+    starts = np.cumsum(lens) - lens
+    cached_a, cached_b = np.zeros(len(lens), int), np.zeros(len(lens), int)
+    status_b = np.full(len(lens), "ok", dtype=object)
+    for i, c in enumerate(cls):   # per request bookkeeping only; edits touch one or two rows
+        s, L = int(starts[i]), int(lens[i])
+        t = s + int(rng.integers(L // 4, L // 2))
+        other = int(a["tok"][t]) + 1
+        if c == "post_eos":
+            a["tok"][t - 3] = b["tok"][t - 3] = a["ids"][t - 3, 0] = b["ids"][t - 3, 0] = EOS
+            b["tok"][t] = b["ids"][t, 0] = other
+        elif c in ("bf16_tie_flip", "cache_boundary"):
+            gap = 0.03 if c == "bf16_tie_flip" else 0.3   # 0.03 nats < 1 ulp; 0.3 nats ~ 4.8 ulp at |10|
+            for side, first, second in ((a, a["tok"][t], other), (b, other, a["tok"][t])):
+                side["ids"][t, :2] = first, second
+                side["lp"][t, :2] = -0.5, -0.5 - gap
+                side["logit"][t, :2] = 10.0, 10.0 - gap
+            b["tok"][t] = other
+            if c == "cache_boundary":
+                cached_b[i] = 64
+        elif c == "unexplained":
+            b["tok"][t] = b["ids"][t, 0] = 29999 + 40000   # not in A's top-k
+        elif c == "incomparable":
+            status_b[i] = "error"
+    b["lp"] += rng.normal(0, 1e-4, b["lp"].shape).astype(np.float32) * (b["lp"] < -0.6)  # small drift
+    return b, cached_a, cached_b, status_b
+
+
+def write(path, cols, lens, cached, status):
+    meta = RunMeta(source="http", run={"eos_token_ids": [EOS]}, layout=Layout(topk=K, raw_logits=True))
+    starts = np.cumsum(lens) - lens
+    prompt = np.arange(PROMPT, dtype=np.int32)
+    with TraceWriter(path, meta) as w:
+        for i, (s, L) in enumerate(zip(starts.tolist(), lens.tolist())):
+            e = s + L
+            tc = TokenColumns(cols["tok"][s:e], cols["lp"][s:e, 0],
+                              np.zeros(L), cols["ids"][s:e], cols["lp"][s:e], cols["logit"][s:e])
+            rec = RequestRecord(key=f"r{i:06d}", prompt_hash="p", status=status[i], cached_tokens=int(cached[i]),
+                                finish_reason="length")
+            w.append(rec, tc, prompt, flush=False)
+        w.flush()
+
+
+# -- the per-position way (check_logprobs_close) -------------------------------
+
+def per_position(path_a: str, path_b: str) -> tuple[float, float, dict[str, int]]:
+    """Read, build per-position top-k dicts per request, run the rule; (total_s, rule_s, verdicts)."""
+    t0 = time.perf_counter()
+    rule_s = 0.0
+    verdicts = {"same": 0, "close": 0, "not_close": 0}
+    with TraceReader(path_a) as ra, TraceReader(path_b) as rb:
+        ca = ra.columns(["token_id", "topk_id", "topk_logprob"])
+        cb = rb.columns(["token_id", "topk_id", "topk_logprob"])
+        rows_b = rb.requests.index_by_key()
+        for i, key in enumerate(ra.requests.key.tolist()):
+            j = rows_b.get(key)
+            if j is None or rb.requests.status[j] != "ok":
+                continue
+            outs = []
+            for r, c in ((ra, ca), (rb, cb)):
+                row = j if r is rb else i
+                s, e = int(r.requests.token_offset[row]), int(r.requests.token_offset[row] + r.requests.n_tokens[row])
+                ids, lps = c["topk_id"][s:e].tolist(), c["topk_logprob"][s:e].tolist()
+                outs.append((c["token_id"][s:e].tolist(), [dict(zip(a, b)) for a, b in zip(ids, lps)]))
+            t1 = time.perf_counter()
+            verdicts[_close(outs[0], outs[1])] += 1
+            rule_s += time.perf_counter() - t1
+    return time.perf_counter() - t0, rule_s, verdicts
+
+
+def _close(o0, o1) -> str:
+    """vLLM's check_logprobs_close rule for one pair, as a verdict instead of an assert."""
+    (ids0, lps0), (ids1, lps1) = o0, o1
+    for idx, (a, b) in enumerate(zip(ids0, ids1)):
+        if a != b:
+            return "close" if (a in lps1[idx] and b in lps0[idx]) else "not_close"
+    return "same"
+
+
+def read_floor(path_a: str, path_b: str, names) -> float:
+    t0 = time.perf_counter()
+    for p in (path_a, path_b):
+        with TraceReader(p) as r:
+            r.columns(names)
+    return time.perf_counter() - t0
+
+
+def best(fn, repeats: int):
+    out = [fn() for _ in range(repeats)]
+    return min(out, key=lambda x: x[0] if isinstance(x, tuple) else x)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--positions", type=int, default=1_000_000)
+    ap.add_argument("--quick", action="store_true", help="200,000 positions, one repeat (< 1 minute)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    n_pos, repeats = (200_000, 1) if args.quick else (args.positions, args.repeats)
+    rng = np.random.default_rng(1)
+    cols, lens, cls = synth(n_pos)
+    b, cached_a, cached_b, status_b = plant(cols, lens, cls, rng)
+    with tempfile.TemporaryDirectory(prefix="diff_bench_") as d:
+        pa, pb = os.path.join(d, "a.h5"), os.path.join(d, "b.h5")
+        t0 = time.perf_counter()
+        write(pa, cols, lens, cached_a, np.full(len(lens), "ok", dtype=object))
+        write(pb, b, lens, cached_b, status_b)
+        write_s = time.perf_counter() - t0
+        del cols, b
+        print(f"wrote 2 x {int(lens.sum()):,} positions ({len(lens)} requests) in {write_s:.1f}s", file=sys.stderr)
+        names = ["token_id", "logprob", "topk_id", "topk_logprob", "topk_logit"]
+        floor = min(read_floor(pa, pb, names) for _ in range(repeats))
+        floor_1d = min(read_floor(pa, pb, names[:2]) for _ in range(repeats))
+        timed = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            result = diff(pa, pb)
+            timed.append(time.perf_counter() - t0)
+        ours = min(timed)
+        pp_s, rule_s, verdicts = best(lambda: per_position(pa, pb), max(1, repeats - 2))
+    planted = {c: int(np.sum(cls == c)) for c in ["identical"] + list(PLANT)}
+    found = {c: result.counts()[c] for c in planted}
+    out = {"positions": int(lens.sum()), "requests": len(lens), "topk": K, "raw_logits": True,
+           "tracekit_diff_s": ours, "per_position_s": pp_s, "per_position_rule_s": rule_s,
+           "read_floor_s": floor, "read_floor_1d_s": floor_1d, "write_s": write_s,
+           "speedup_vs_per_position": pp_s / ours, "vs_read_floor": ours / floor, "vs_read_floor_1d": ours / floor_1d,
+           "planted": planted, "found": found, "classes_match": planted == found,
+           "per_position_verdicts": verdicts, "targets": {"speedup_vs_per_position": ">= 20", "vs_read_floor": "<= 2"}}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        from tabulate import tabulate
+        rows = [["tracekit diff (read + align + classify)", f"{ours:.3f}", "1.00"],
+                ["per-position (check_logprobs_close way)", f"{pp_s:.3f}", f"{pp_s / ours:.1f}x slower"],
+                ["... of which its rule", f"{rule_s:.3f}", ""],
+                ["read floor (5 compared columns)", f"{floor:.3f}", f"diff = {ours / floor:.2f}x floor"],
+                ["read floor 1-D (token_id, logprob)", f"{floor_1d:.3f}", f"diff = {ours / floor_1d:.2f}x floor"]]
+        print(f"{out['positions']:,} positions, {out['requests']} requests, top-{K} + raw logits")
+        print(tabulate(rows, headers=["method", "seconds", "ratio"], tablefmt="simple", disable_numparse=True))
+        print(f"classes planted {planted}\nclasses found   {found}  ({'match' if out['classes_match'] else 'MISMATCH'})")
+    return 0 if out["classes_match"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
