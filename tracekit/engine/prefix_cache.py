@@ -1,0 +1,89 @@
+"""Block-granular prefix cache: KV blocks keyed by a hash chain of their tokens, LRU-evicted.
+
+Block i of a sequence is keyed by hash(key of block i-1, tokens of block i),
+so a key names the whole prefix up to the block's end, as in vLLM. A lookup
+walks the prompt's full blocks and stops at the first miss; at least one
+prompt token is always left to compute, because its logits start the output.
+
+The fault switch `corrupt-prefix-cache` imitates a block-ownership bug: the
+last reused block is served with the KV of a different cached block (as if
+its storage had been freed and handed to another sequence), or, when no other
+block exists, with its positions rotated by one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+ROOT = b"tracekit-prefix-root"
+
+
+def chain_keys(tokens: list[int], block_size: int, n_blocks: int) -> list[bytes]:
+    """Hash-chain keys of the first n_blocks full blocks of tokens."""
+    keys, prev = [], ROOT
+    for b in range(n_blocks):
+        blk = tokens[b * block_size:(b + 1) * block_size]
+        h = hashlib.blake2b(prev, digest_size=16)
+        h.update(b",".join(str(t).encode() for t in blk))
+        prev = h.digest()
+        keys.append(prev)
+    return keys
+
+
+@dataclass
+class Block:
+    keys: list[torch.Tensor]    # per layer [Hkv, block_size, D]
+    values: list[torch.Tensor]  # per layer [Hkv, block_size, D]
+
+
+@dataclass
+class PrefixCache:
+    block_size: int = 16
+    capacity_blocks: int = 4096
+    fault: str | None = None
+    blocks: OrderedDict = field(default_factory=OrderedDict)  # key -> Block, oldest first
+    queries_tokens: int = 0
+    hits_tokens: int = 0
+
+    def lookup(self, tokens: list[int]) -> tuple[int, list[Block]]:
+        """Longest cached block-aligned prefix: (number of tokens, blocks in order). Counts the query."""
+        usable = (len(tokens) - 1) // self.block_size
+        self.queries_tokens += len(tokens)
+        found: list[Block] = []
+        keys = chain_keys(tokens, self.block_size, usable)
+        for key in keys:
+            blk = self.blocks.get(key)
+            if blk is None:
+                break
+            self.blocks.move_to_end(key)  # most recently used
+            found.append(blk)
+        n = len(found) * self.block_size
+        self.hits_tokens += n
+        if found and self.fault == "corrupt-prefix-cache":
+            found[-1] = self._corrupt(found[-1], set(keys[:len(found)]))
+        return n, found
+
+    def insert(self, tokens: list[int], n_tokens: int, get_kv) -> None:
+        """Cache the full blocks of tokens[:n_tokens]. get_kv(start, end) -> (keys, values) per layer."""
+        n_blocks = n_tokens // self.block_size
+        for i, key in enumerate(chain_keys(tokens, self.block_size, n_blocks)):
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
+                continue
+            ks, vs = get_kv(i * self.block_size, (i + 1) * self.block_size)
+            self.blocks[key] = Block(ks, vs)
+            while len(self.blocks) > self.capacity_blocks:
+                self.blocks.popitem(last=False)
+
+    def _corrupt(self, blk: Block, own: set[bytes]) -> Block:
+        other = next((b for k, b in reversed(self.blocks.items()) if k not in own), None)
+        if other is not None:
+            return Block([k.clone() for k in other.keys], [v.clone() for v in other.values])
+        return Block([torch.roll(k, 1, dims=1) for k in blk.keys], [torch.roll(v, 1, dims=1) for v in blk.values])
+
+    def clear(self) -> None:
+        self.blocks.clear()

@@ -1,0 +1,168 @@
+"""The OpenAI / vLLM completions dialect: parse a request body, build response objects.
+
+Parsing is one function that either returns frozen `CompletionParams` or raises
+`BadRequest` (-> HTTP 400 with an OpenAI-style error body). Response building
+follows the legacy completions layout (`logprobs.{tokens, token_logprobs,
+top_logprobs, text_offset}`) plus the vLLM extras and tracekit's raw-logit
+extension, documented in docs/engine.md.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+MAX_LOGPROBS = 20
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 err_type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.err_type, self.code = message, param, status, err_type, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.err_type, self.param, self.code)
+
+
+def error_body(message: str, err_type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class CompletionParams:
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    stop: tuple[str, ...]
+    logprobs: int | None          # None = no logprobs object
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+    tokens_as_ids: bool
+    ignore_eos: bool
+    raw_logits: bool
+    model: str | None
+
+
+def _int(body: dict, name: str, default, lo: int | None = None, hi: int | None = None):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"'{name}' must be an integer, got {v!r}", name)
+    if lo is not None and v < lo:
+        raise BadRequest(f"'{name}' must be at least {lo}, got {v}", name)
+    if hi is not None and v > hi:
+        raise BadRequest(f"'{name}' must be at most {hi}, got {v}", name)
+    return v
+
+
+def _bool(body: dict, name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise BadRequest(f"'{name}' must be a boolean, got {v!r}", name)
+    return v
+
+
+def _prompt_ids(body: dict, tokenizer, vocab_size: int) -> list[int]:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one prompt
+    if isinstance(p, str):
+        if not p:
+            raise BadRequest("'prompt' is empty", "prompt")
+        return tokenizer.encode(p, add_special_tokens=False)
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        bad = [t for t in p if not 0 <= t < vocab_size]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} in 'prompt' is outside the vocabulary [0, {vocab_size})", "prompt")
+        return list(p)
+    if isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p):
+        raise BadRequest("batched prompts are not supported: send one prompt per request", "prompt")
+    raise BadRequest("'prompt' must be a non-empty string or a non-empty list of token ids", "prompt")
+
+
+def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> CompletionParams:
+    """Validate a /v1/completions body. Raises BadRequest with the offending parameter."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    ids = _prompt_ids(body, tokenizer, vocab_size)
+    max_tokens = _int(body, "max_tokens", 16, lo=1)
+    if len(ids) + max_tokens > max_context:
+        raise BadRequest(f"This model's maximum context length is {max_context} tokens. However, you requested "
+                         f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+                         f"completion). Please reduce the prompt or max_tokens.", "prompt",
+                         code="context_length_exceeded")
+    temp = body.get("temperature", 1.0)
+    if temp is None:
+        temp = 1.0
+    if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not 0 <= temp <= 2:
+        raise BadRequest(f"'temperature' must be a number in [0, 2], got {temp!r}", "temperature")
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else (stop or [])
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+        raise BadRequest("'stop' must be a non-empty string or a list of up to 4 non-empty strings", "stop")
+    if _int(body, "n", 1, lo=1, hi=1) != 1 or _int(body, "best_of", 1, lo=1, hi=1) != 1:
+        raise BadRequest("only n=1 is supported", "n")
+    if _bool(body, "echo"):
+        raise BadRequest("'echo' is not supported", "echo")
+    logprobs = _int(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    so = body.get("stream_options") or {}
+    if not isinstance(so, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    model = body.get("model")
+    return CompletionParams(
+        prompt_ids=tuple(ids), max_tokens=max_tokens, temperature=float(temp),
+        seed=_int(body, "seed", None), stop=tuple(stop), logprobs=logprobs, stream=_bool(body, "stream"),
+        include_usage=bool(so.get("include_usage", False)), return_token_ids=_bool(body, "return_token_ids"),
+        tokens_as_ids=_bool(body, "return_tokens_as_token_ids"), ignore_eos=_bool(body, "ignore_eos"),
+        raw_logits=_bool(body, "return_raw_logits"), model=model if isinstance(model, str) else None)
+
+
+def new_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def envelope(cid: str, model: str, choices: list, usage: dict | None = None) -> dict:
+    out = {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": choices}
+    if usage is not None:
+        out["usage"] = usage
+    return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class LogprobsBuilder:
+    """Accumulates the legacy `logprobs` object for a span of tokens (a whole response or one chunk)."""
+
+    def __init__(self, p: CompletionParams, token_str):
+        self.p, self.token_str = p, token_str
+        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        self.token_logits, self.top_ids, self.top_logits = [], [], []
+
+    def add(self, ev, text_offset: int) -> None:
+        self.tokens.append(self.token_str(ev.token_id))
+        self.token_logprobs.append(ev.logprob)
+        self.top_logprobs.append({self.token_str(t): lp for t, lp in zip(ev.top_ids, ev.top_logprobs)})
+        self.text_offset.append(text_offset)
+        if self.p.raw_logits:
+            self.token_logits.append(ev.logit)
+            self.top_ids.append(list(ev.top_ids))
+            self.top_logits.append(list(ev.top_logits))
+
+    def build(self) -> dict:
+        out = {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top_logprobs,
+               "text_offset": self.text_offset}
+        if self.p.raw_logits:
+            out.update(token_logits=self.token_logits, top_token_ids=self.top_ids, top_logits=self.top_logits)
+        return out

@@ -1,0 +1,207 @@
+"""The owner loop: one thread holds the model, N slots, a waiting queue and the prefix cache.
+
+Each iteration: take new submissions and cancellations, free the slots of
+cancelled requests, admit waiting requests into free slots (one prefill
+forward each, reusing the longest cached block-aligned prefix), then run ONE
+batched decode forward over every active slot. New requests therefore join
+between decode steps (continuous batching). Results leave through each
+request's `emit` callback, which must be thread-safe (the HTTP server passes
+`loop.call_soon_threadsafe`). The loop knows nothing about text or HTTP.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .prefix_cache import PrefixCache
+from .runner import ModelRunner, select
+
+log = logging.getLogger("tracekit.engine")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_id: int
+    logprob: float
+    logit: float
+    top_ids: list[int]
+    top_logprobs: list[float]
+    top_logits: list[float]
+    finish: str | None = None  # set on a request's last token: "stop" (EOS) | "length"
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+
+
+@dataclass(eq=False)
+class GenRequest:
+    """One generation. Fields above `emit` come from the client; the rest is loop state."""
+    prompt_ids: list[int]
+    max_tokens: int
+    logprobs: int = 0            # top-k width (0 = chosen token only)
+    temperature: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    emit: Callable[[object], None] = print
+    cancel_reason: str | None = None  # set by the client side: "cancelled" | "stop"
+    slot: int = -1
+    length: int = 0              # KV positions filled in the slot
+    next_id: int = -1            # last chosen token, not yet in the KV
+    generated: int = 0
+    cached_tokens: int = 0
+    generator: object = None
+
+
+@dataclass
+class Counters:
+    """Monotonic counters for /metrics (tokens unless named otherwise)."""
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: collections.Counter = field(default_factory=collections.Counter)  # by finish reason
+    cancelled: int = 0
+    errors: int = 0
+    prefills: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+
+
+class Engine:
+    """Owns the runner. Call start(); submit() and cancel() are safe from any thread."""
+
+    def __init__(self, runner: ModelRunner, prefix_cache: PrefixCache | None):
+        self.runner, self.cache = runner, prefix_cache
+        self.inbox: queue.Queue = queue.Queue()
+        self.waiting: collections.deque[GenRequest] = collections.deque()
+        self.active: list[GenRequest] = []
+        self.free_slots = list(range(runner.slots))[::-1]
+        self.counters = Counters()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tracekit-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, req: GenRequest) -> None:
+        self.inbox.put(req)
+
+    def cancel(self, req: GenRequest, reason: str = "cancelled") -> None:
+        """Release the request's slot at the next loop iteration (within one decode step)."""
+        if req.cancel_reason is None:
+            req.cancel_reason = reason
+        self.inbox.put(None)  # wake the loop if idle
+
+    def snapshot(self) -> dict:
+        return {"running": len(self.active), "waiting": len(self.waiting) + self.inbox.qsize(),
+                "slots_busy": self.runner.slots - len(self.free_slots), "slots": self.runner.slots}
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain(block=not self.active and not self.waiting)
+            self._reap()
+            try:
+                self._admit()
+                if self.active:
+                    self._decode_step()
+            except Exception as e:  # a failed forward must not kill the server: fail the rows, go on
+                log.exception("engine step failed")
+                for r in list(self.active):
+                    self._release(r)
+                    self.counters.errors += 1
+                    r.emit(ErrorEvent(f"engine error: {type(e).__name__}: {e}"))
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self.waiting.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _reap(self) -> None:
+        """Drop cancelled requests: waiting ones from the queue, active ones from their slots."""
+        for r in [r for r in self.waiting if r.cancel_reason]:
+            self.waiting.remove(r)
+            self._count_end(r)
+        for r in [r for r in self.active if r.cancel_reason]:
+            self._release(r)
+            self._count_end(r)
+
+    def _count_end(self, r: GenRequest) -> None:
+        if r.cancel_reason == "cancelled":
+            self.counters.cancelled += 1
+        else:
+            self.counters.finished[r.cancel_reason] += 1
+
+    def _release(self, r: GenRequest) -> None:
+        if r in self.active:
+            self.active.remove(r)
+            self.free_slots.append(r.slot)
+            r.slot = -1
+
+    def _admit(self) -> None:
+        while self.free_slots and self.waiting:
+            r = self.waiting.popleft()
+            r.slot = self.free_slots.pop()
+            self.active.append(r)
+            self._prefill(r)
+
+    def _prefill(self, r: GenRequest) -> None:
+        run, start = self.runner, 0
+        if self.cache is not None:
+            start, blocks = self.cache.lookup(r.prompt_ids)
+            for i, blk in enumerate(blocks):
+                run.load_kv(r.slot, i * self.cache.block_size, blk.keys, blk.values)
+        r.cached_tokens = start
+        logits = run.prefill(r.slot, r.prompt_ids, start)
+        r.length = len(r.prompt_ids)
+        if self.cache is not None:
+            self.cache.insert(r.prompt_ids, r.length, lambda a, b: run.kv_slice(r.slot, a, b))
+        self.counters.prefills += 1
+        self.counters.prompt_tokens += r.length
+        if r.seed is not None and r.temperature > 0:
+            import torch
+            r.generator = torch.Generator().manual_seed(r.seed)
+        self._emit_step([r], logits)
+
+    def _decode_step(self) -> None:
+        rows = list(self.active)
+        logits = self.runner.decode([r.slot for r in rows], [r.length for r in rows], [r.next_id for r in rows])
+        for r in rows:
+            r.length += 1
+        self.counters.decode_steps += 1
+        self.counters.decode_rows += len(rows)
+        self._emit_step(rows, logits)
+
+    def _emit_step(self, rows: list[GenRequest], logits) -> None:
+        k = max(r.logprobs for r in rows)
+        out = select(logits, k, [r.temperature for r in rows], [r.generator for r in rows])
+        for i, r in enumerate(rows):
+            tok = int(out.chosen[i])
+            r.next_id, r.generated = tok, r.generated + 1
+            self.counters.generation_tokens += 1
+            reason = None
+            if tok in self.runner.eos_ids and not r.ignore_eos:
+                reason = "stop"
+            elif r.generated >= r.max_tokens or r.length + 1 >= self.runner.max_context:
+                reason = "length"
+            if reason:
+                self._release(r)
+                self.counters.finished[reason] += 1
+            n = r.logprobs
+            r.emit(TokenEvent(tok, float(out.chosen_logprob[i]), float(out.chosen_logit[i]),
+                              out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(),
+                              out.top_logits[i, :n].tolist(), reason))

@@ -1,0 +1,246 @@
+"""The HTTP front of the reference engine (aiohttp): /v1/completions, /health, /v1/models, /metrics.
+
+The server listens before the model is loaded (/health answers 503 until it
+is), then hands every request to the engine's owner loop and relays its
+events. A client that disconnects cancels its handler (aiohttp
+`handler_cancellation`), and the `finally` releases the slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .. import __version__
+from .protocol import BadRequest, LogprobsBuilder, envelope, error_body, new_id, parse_completion, usage
+from .scheduler import ErrorEvent, GenRequest
+from .textstream import TextStream
+
+log = logging.getLogger("tracekit.engine")
+MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_dir: str
+    dtype: str = "fp32"
+    attn: str = "sdpa"
+    slots: int = 4
+    max_context: int | None = None
+    block_size: int = 16
+    prefix_cache: bool = True
+    cache_blocks: int = 4096
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "cpu"
+    api_key: str | None = None
+    fault: str | None = None
+    served_name: str | None = None
+    threads: int = 0
+
+
+def json_error(status: int, message: str, err_type: str = "invalid_request_error", param=None, code=None):
+    return web.json_response(error_body(message, err_type, param, code), status=status)
+
+
+class App:
+    def __init__(self, cfg: ServeConfig):
+        self.cfg, self.engine, self.runner = cfg, None, None
+        self.name = cfg.served_name or os.path.basename(os.path.normpath(cfg.model_dir))
+        self.started = int(time.time())
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def load(self) -> None:
+        """Build the runner and engine (blocking; run in a worker thread)."""
+        import torch
+
+        from .prefix_cache import PrefixCache
+        from .runner import ModelRunner
+        from .scheduler import Engine
+
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        c = self.cfg
+        self.runner = ModelRunner(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
+        cache = PrefixCache(c.block_size, c.cache_blocks, c.fault) if c.prefix_cache else None
+        self.engine = Engine(self.runner, cache)
+        self.engine.start()
+
+    def meta(self) -> dict:
+        r, c = self.runner, self.cfg
+        return {"engine": "tracekit", "version": __version__, "eos_token_ids": r.eos_ids, "vocab_size": r.vocab_size,
+                "dtype": c.dtype, "logits_dtype": c.dtype, "attn": c.attn, "device": c.device,
+                "max_context": r.max_context, "slots": c.slots, "block_size": c.block_size,
+                "prefix_cache": c.prefix_cache, "inject_fault": c.fault, "model_type": r.model_type,
+                "model_dir": os.path.abspath(c.model_dir), "max_logprobs": 20}
+
+    # ---- middleware -------------------------------------------------------------------------
+    @web.middleware
+    async def guard(self, request: web.Request, handler):
+        if self.cfg.api_key and request.path.startswith("/v1/"):
+            if request.headers.get("Authorization", "") != f"Bearer {self.cfg.api_key}":
+                return json_error(401, "invalid or missing API key", "authentication_error")
+        if request.path.startswith("/v1/") and self.engine is None:
+            return json_error(503, "model is loading", "service_unavailable")
+        try:
+            resp = await handler(request)
+        except web.HTTPException as e:
+            if e.status == 413:
+                return json_error(400, f"request body is larger than {MAX_BODY_BYTES} bytes")
+            return json_error(e.status, e.reason)
+        resp.headers["Server"] = f"tracekit/{__version__}"
+        return resp
+
+    # ---- routes ------------------------------------------------------------------------------
+    async def health(self, request):
+        if self.engine is None:
+            return web.json_response({"status": "loading"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request):
+        card = {"id": self.name, "object": "model", "created": self.started, "owned_by": "tracekit",
+                "root": os.path.abspath(self.cfg.model_dir), "max_model_len": self.runner.max_context,
+                "meta": self.meta()}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, request):
+        from .metrics import render
+        return web.Response(text=render(self.engine, self.cfg), content_type="text/plain")
+
+    async def completions(self, request: web.Request):
+        try:
+            raw = await request.read()
+            if len(raw) > MAX_BODY_BYTES:
+                raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes")
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise BadRequest(f"malformed JSON body: {e}") from None
+            p = parse_completion(body, self.runner.tokenizer, self.runner.vocab_size, self.runner.max_context)
+        except BadRequest as e:
+            return web.json_response(e.body(), status=e.status)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        req = GenRequest(prompt_ids=list(p.prompt_ids), max_tokens=p.max_tokens, logprobs=p.logprobs or 0,
+                         temperature=p.temperature, seed=p.seed, ignore_eos=p.ignore_eos,
+                         emit=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        self.engine.submit(req)
+        try:
+            if p.stream:
+                return await self._stream(request, p, req, events)
+            return await self._collect(p, req, events)
+        finally:
+            self.engine.cancel(req)  # no-op once finished; frees the slot on disconnect or stop string
+
+    def _token_str(self, p):
+        if p.tokens_as_ids:
+            return lambda t: f"token_id:{t}"
+        return lambda t: self.runner.tokenizer.decode([t])
+
+    async def _collect(self, p, req, events):
+        text, lp = TextStream(self.runner.tokenizer, p.stop), LogprobsBuilder(p, self._token_str(p))
+        ids, finish, stop_reason = [], None, None
+        while finish is None:
+            ev = await events.get()
+            if isinstance(ev, ErrorEvent):
+                return json_error(500, ev.message, "server_error")
+            _, off = text.push(ev.token_id)
+            ids.append(ev.token_id)
+            lp.add(ev, off)
+            finish = ev.finish  # EOS or length: stop_reason stays None, as in vLLM
+            if text.stop_hit:
+                finish, stop_reason = "stop", text.stop_hit
+        text.flush()
+        choice = {"index": 0, "text": text.text, "logprobs": lp.build() if self._want_lp(p) else None,
+                  "finish_reason": finish, "stop_reason": stop_reason}
+        if p.return_token_ids:
+            choice.update(token_ids=ids, prompt_token_ids=list(p.prompt_ids))
+        return web.json_response(envelope(new_id(), self.name, [choice], usage(len(p.prompt_ids), len(ids),
+                                                                               req.cached_tokens)))
+
+    @staticmethod
+    def _want_lp(p) -> bool:
+        return p.logprobs is not None or p.raw_logits
+
+    async def _stream(self, request, p, req, events):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "Server": f"tracekit/{__version__}"})
+        await resp.prepare(request)
+        cid, text, n = new_id(), TextStream(self.runner.tokenizer, p.stop), 0
+
+        async def send(obj) -> None:
+            await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+
+        def chunk(delta: str, finish=None, stop_reason=None, ev=None, off=0) -> dict:
+            c = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}
+            if ev is not None and self._want_lp(p):
+                lp = LogprobsBuilder(p, self._token_str(p))
+                lp.add(ev, off)
+                c["logprobs"] = lp.build()
+            if p.return_token_ids:
+                c["token_ids"] = [ev.token_id] if ev is not None else []
+                if n == 1 and ev is not None:
+                    c["prompt_token_ids"] = list(p.prompt_ids)
+            out = envelope(cid, self.name, [c])
+            if p.include_usage:
+                out["usage"] = None
+            return out
+
+        finish = None
+        while finish is None:
+            ev = await events.get()
+            if isinstance(ev, ErrorEvent):
+                await send(error_body(ev.message, "server_error"))
+                break
+            n += 1
+            delta, off = text.push(ev.token_id)
+            finish = "stop" if text.stop_hit else ev.finish
+            if finish:
+                delta += text.flush()
+            await send(chunk(delta, finish, text.stop_hit, ev, off))
+        if p.include_usage and finish is not None:
+            await send(envelope(cid, self.name, [], usage(len(p.prompt_ids), n, req.cached_tokens)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def build_app(app: App) -> web.Application:
+    web_app = web.Application(client_max_size=MAX_BODY_BYTES + 1, middlewares=[app.guard])
+    web_app.router.add_get("/health", app.health)
+    web_app.router.add_get("/v1/models", app.models)
+    web_app.router.add_get("/metrics", app.metrics)
+    web_app.router.add_post("/v1/completions", app.completions)
+    return web_app
+
+
+async def serve(cfg: ServeConfig) -> None:
+    """Listen, announce the address on stderr, load the model, serve until SIGINT/SIGTERM."""
+    app = App(cfg)
+    runner = web.AppRunner(build_app(app), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    # The launcher (tracekit.engine.process) parses this exact line.
+    print(f"tracekit serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.to_thread(app.load)
+        print(f"tracekit serve: model {app.name} loaded ({cfg.dtype}, {cfg.attn}, {cfg.slots} slots)",
+              file=sys.stderr, flush=True)
+        await stop.wait()
+    finally:
+        if app.engine is not None:
+            app.engine.stop()
+        await runner.cleanup()
