@@ -238,6 +238,7 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
     prog = Progress(len(specs), sys.stderr.isatty() if cfg.progress is None else cfg.progress)
     counts = {"ok": 0, "error": 0, "cancelled": 0, "timeout": 0}
     started: dict[str, float] = {}
+    pending: list[Outcome] = []
     finished: set[str] = set()
     k, raw = cfg.top_logprobs, writer.layout.raw_logits
     delays = _arrival_times(len(specs), rate, cfg.seed)
@@ -248,13 +249,24 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
         async with sem:
             outcome, acc = await send(session, base, dialect, spec, clock, started)
         outcome = finish(outcome, acc, k, raw, mapper)
-        if acc.strs is not None and mapper is None and outcome.record.status == "ok":
-            outcome = Outcome(_note(outcome.record, "token ids unknown: the engine sent token strings only; "
-                                                    "pass --tokenizer DIR"), outcome.tokens, outcome.prompt_ids)
-        writer.append(outcome.record, outcome.tokens, outcome.prompt_ids)
+        if outcome.tokens is not None and outcome.record.status == "ok" and (outcome.tokens.token_id < 0).any():
+            unknown = int((outcome.tokens.token_id < 0).sum())
+            why = "pass --tokenizer DIR" if mapper is None else f"not in the vocabulary of {cfg.tokenizer}"
+            outcome = Outcome(_note(outcome.record, f"token ids unknown for {unknown} tokens: the engine sent "
+                                                    f"token strings only; {why}"), outcome.tokens, outcome.prompt_ids)
+        pending.append(outcome)
         finished.add(spec.key)
         counts[outcome.record.status] += 1
         prog.update(outcome.record.status == "ok", len(outcome.tokens) if outcome.tokens is not None else 0)
+        if len(pending) == 1:
+            # Group commit: write (and flush) everything that completes in this loop
+            # iteration at once; one append costs ~25 dataset writes whatever its size.
+            asyncio.get_running_loop().call_soon(write_pending)
+
+    def write_pending() -> None:
+        batch = pending[:]
+        pending.clear()
+        writer.append_many([(o.record, o.tokens, o.prompt_ids) for o in batch])
 
     tasks = [asyncio.ensure_future(one(s, at)) for s, at in zip(specs, delays)]
     try:
@@ -262,6 +274,7 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
     except asyncio.CancelledError:
         for t in tasks:
             t.cancel()
+        write_pending()
         # In-flight requests become `cancelled` rows; unsent ones stay missing (--resume runs them).
         for s in specs:
             if s.key in started and s.key not in finished:
@@ -272,6 +285,7 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
         raise
     finally:
         prog.close()
+    write_pending()
     return counts, prog.tokens
 
 

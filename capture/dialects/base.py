@@ -10,6 +10,7 @@ loop owns the trace writer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -38,8 +39,8 @@ class Acc:
     ids [n] (-1 when the engine gave only a string), logprobs [n], t [n] (s),
     top_ids / top_lps / top_logits: one list of length <= k per token."""
 
-    __slots__ = ("ids", "lps", "t", "top_ids", "top_lps", "top_logits", "strs", "top_strs", "finish_reason",
-                 "cached_tokens", "prompt_len", "prompt_ids", "done", "n_events", "seen")
+    __slots__ = ("ids", "lps", "t", "top_ids", "top_lps", "top_logits", "strs", "top_strs", "top_maps",
+                 "tok_strs", "finish_reason", "cached_tokens", "prompt_len", "prompt_ids", "done", "n_events", "seen")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
@@ -50,6 +51,11 @@ class Acc:
         self.top_logits: list[list[float]] | None = None
         self.strs: list[str] | None = None        # chosen token strings, when ids are unknown
         self.top_strs: list[list[str]] | None = None
+        # Legacy completions layout (OpenAI / vLLM): the raw `{token string: logprob}` dicts and
+        # chosen token strings are kept as they come and converted in bulk by columns(): the
+        # per-token work in the hot path is a few list appends.
+        self.top_maps: list[dict] | None = None
+        self.tok_strs: list[str] | None = None
         self.finish_reason = ""
         self.cached_tokens = -1                    # -1: not reported (never 0 for "absent")
         self.prompt_len = -1
@@ -61,6 +67,8 @@ class Acc:
     def columns(self, k: int, raw_logits: bool, to_ids: Callable[[list[str]], list[int]] | None) -> TokenColumns:
         """Build the numpy columns once: [n], [n, k]; pads short top-k rows with -1 / NaN."""
         n = len(self.lps)
+        if self.top_maps is not None:
+            return self._legacy_columns(k, raw_logits, to_ids)
         ids, top_ids_rows = self.ids, self.top_ids
         if self.strs is not None and to_ids is not None:
             # Map only what the engine left unknown (-1); ids it gave win.
@@ -87,6 +95,56 @@ class Acc:
                         tlg[i, :m] = self.top_logits[i][:m]
         return TokenColumns(np.asarray(ids, np.int32).reshape(n), np.asarray(self.lps, np.float32),
                             np.asarray(self.t, np.float64), tid, tlp, tlg)
+
+
+    def _legacy_columns(self, k: int, raw_logits: bool, to_ids) -> TokenColumns:
+        """Vectorised conversion of the legacy dicts: [n] dicts of width w_i -> [n, k]."""
+        n, maps = len(self.lps), self.top_maps
+        widths = np.fromiter(map(len, maps), np.int64, n)
+        keys = list(chain.from_iterable(maps))
+        vals = np.fromiter(chain.from_iterable(d.values() for d in maps), np.float64, len(keys))
+        if len(self.ids) == n:
+            chosen = np.asarray(self.ids, np.int64)
+        else:
+            chosen = _ids_of(self.tok_strs, to_ids)
+        top = np.asarray(self.top_ids, np.int64) if len(self.top_ids) == n and n and \
+            all(len(r) == w for r, w in zip(self.top_ids, widths.tolist())) else None
+        flat_ids = top.reshape(-1) if top is not None else _ids_of(keys, to_ids)
+        # Scatter the flat entries into [n, k]: row r, column j < k.
+        rows = np.repeat(np.arange(n), widths)
+        cols = np.arange(len(keys)) - np.repeat(np.cumsum(widths) - widths, widths)
+        keep = cols < k
+        tid = np.full((n, k), -1, np.int32)
+        tlp = np.full((n, k), np.nan, np.float32)
+        tid[rows[keep], cols[keep]] = flat_ids[keep]
+        tlp[rows[keep], cols[keep]] = vals[keep]
+        tlg = None
+        if raw_logits:
+            tlg = np.full((n, k), np.nan, np.float32)
+            lg = self.top_logits
+            if lg is not None and len(lg) == n and all(len(r) == k for r in lg):
+                tlg[:] = np.asarray(lg, np.float32).reshape(n, k)
+            elif lg is not None:
+                for i, row in enumerate(lg[:n]):
+                    m = min(len(row), k)
+                    tlg[i, :m] = row[:m]
+        return TokenColumns(chosen.astype(np.int32), np.asarray(self.lps, np.float32),
+                            np.asarray(self.t, np.float64), tid, tlp, tlg)
+
+
+_TID = "token_id:"
+
+
+def _ids_of(strs: list, to_ids) -> np.ndarray:
+    """Token strings -> ids: vLLM's "token_id:N" in bulk, else the tokenizer, else -1."""
+    if not strs:
+        return np.zeros(0, np.int64)
+    joined = "\x00".join(strs)
+    if joined.count(_TID) == len(strs) and all(s[:9] == _TID for s in (strs[0], strs[-1])):
+        return np.array(joined.replace(_TID, "").split("\x00"), dtype=np.int64)
+    if to_ids is not None:
+        return np.asarray(to_ids(strs), np.int64)
+    return np.full(len(strs), -1, np.int64)
 
 
 class EngineErrorEvent(Exception):

@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Acc, RequestSpec, check_error, usage_into
-
-_TID = "token_id:"
-
+from .base import Acc, EngineErrorEvent, RequestSpec, check_error, usage_into
 
 def _str_mode(acc: Acc) -> None:
     if acc.strs is None:
@@ -51,23 +48,20 @@ def _entries(content: list, acc: Acc, t: float) -> None:
 
 
 def _legacy(lp: dict, acc: Acc, t: float, token_ids: list | None) -> None:
-    """Legacy arrays; "token_id:N" strings are parsed, plain strings are kept for the tokenizer."""
-    tokens = lp.get("tokens") or []
-    tops = lp.get("top_logprobs") or [{}] * len(tokens)
-    acc.lps.extend(lp.get("token_logprobs") or [])
-    for i, tok in enumerate(tokens):
-        top = tops[i] or {}
-        if tok.startswith(_TID):
-            acc.ids.append(int(tok[9:]))
-            acc.top_ids.append([int(s[9:]) for s in top])
-        else:
-            _str_mode(acc)
-            acc.ids.append(token_ids[i] if token_ids and i < len(token_ids) else -1)
-            acc.strs.append(tok)
-            acc.top_strs.append(list(top))
-            acc.top_ids.append([-1] * len(top))
-        acc.top_lps.append(list(top.values()))
-        acc.t.append(t)
+    """Legacy arrays: keep the strings and dicts as they come (Acc converts them in bulk).
+    vLLM's `token_ids` give the chosen ids directly."""
+    tokens = lp.get("tokens") or ()
+    if acc.top_maps is None:
+        acc.top_maps, acc.tok_strs = [], []
+        if acc.lps:  # a chat-style request switching layout: not seen in the wild
+            raise EngineErrorEvent("logprobs switched between the chat-style and legacy layouts mid-stream")
+    acc.lps.extend(lp.get("token_logprobs") or ())
+    acc.tok_strs.extend(tokens)
+    tops = lp.get("top_logprobs")
+    acc.top_maps.extend(tops if tops else [{}] * len(tokens))
+    if token_ids and len(token_ids) == len(tokens) and len(acc.ids) == len(acc.tok_strs) - len(tokens):
+        acc.ids.extend(token_ids)
+    acc.t.extend([t] * len(tokens))
 
 
 def _choice(ch: dict, acc: Acc, t: float) -> None:
@@ -86,7 +80,7 @@ def _choice(ch: dict, acc: Acc, t: float) -> None:
             # tracekit serve sends the top-k ids aligned with top_logits (string keys can collide).
             tti = lp.get("top_token_ids")
             if tti is not None:
-                acc.top_ids[n0:] = tti
+                acc.top_ids.extend(tti)
         elif acc.top_logits is not None:
             acc.top_logits.extend([] for _ in range(len(acc.lps) - n0))
     elif ch.get("token_ids"):

@@ -1,8 +1,7 @@
-"""Shared helpers for the capture tests: prompt files and a capture runner."""
+"""Fixtures for the capture tests."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,13 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from capture.http import CaptureConfig, run_capture  # noqa: E402
-
-TOKENIZER = str(Path(__file__).resolve().parents[2] / "fixtures" / "transcripts" / "tokenizer")
-
-
-def write_prompts(path: Path, prompts: list) -> str:
-    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    return str(path)
+from capture_helpers import write_prompts  # noqa: E402
 
 
 @pytest.fixture

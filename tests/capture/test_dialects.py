@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TOKENIZER
+from capture_helpers import TOKENIZER
 from replay import ReplayServer, load, routes_for
 from tracekit.store import TraceReader
 

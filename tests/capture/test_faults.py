@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_prompts
+from capture_helpers import write_prompts
 from replay import ReplayServer, routes_for
 from tracekit.store import TraceReader
 

@@ -1,0 +1,199 @@
+"""Capture client overhead: tracekit's HTTP capture vs a bare aiohttp SSE reader.
+
+A local aiohttp server (a separate process, so the client's CPU time is its
+own) streams pre-built vLLM-style SSE events (`token_id:N` strings, top-20
+logprobs, `token_ids`, usage, `[DONE]`) as fast as it can. At concurrency 1,
+16 and 64 the same requests are read by
+- bare: one ClientSession, `iter_any()`, events split on blank lines, no parsing;
+- tracekit: `capture.http.run_capture` with the vllm dialect, top-20 logprobs
+  parsed, columns built and appended to an HDF5 trace after each request.
+Reported: client CPU seconds per 1,000 tokens (getrusage of this process,
+user + system) and tokens/s; `cpu_per_token_vs_bare_c64` = tracekit / bare at
+concurrency 64 (target <= 1.5).
+
+    python bench/capture_bench.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+TOPK = 20
+
+
+# ---- server (child process) ---------------------------------------------------------------
+def build_events(n_tokens: int, seed: int = 0) -> bytes:
+    """One request's whole SSE body: n token events, a usage event, [DONE]."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_tokens):
+        ids = rng.sample(range(32000), TOPK)
+        lps = sorted((-rng.random() * 8 for _ in ids), reverse=True)
+        ch = {"index": 0, "text": f" w{ids[0]}", "logprobs": {
+            "text_offset": [i * 4], "token_logprobs": [lps[0]], "tokens": [f"token_id:{ids[0]}"],
+            "top_logprobs": [{f"token_id:{t}": lp for t, lp in zip(ids, lps)}]},
+            "finish_reason": "length" if i == n_tokens - 1 else None, "stop_reason": None, "token_ids": [ids[0]]}
+        out.append({"id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "bench",
+                    "choices": [ch], "usage": None})
+    out.append({"id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "bench", "choices": [],
+                "usage": {"prompt_tokens": 16, "completion_tokens": n_tokens, "total_tokens": 16 + n_tokens,
+                          "prompt_tokens_details": {"cached_tokens": 0}}})
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in out) + b"data: [DONE]\n\n"
+
+
+def serve(port_file: str, n_tokens: int) -> None:
+    from aiohttp import web
+
+    body = build_events(n_tokens)
+    # Split at event boundaries: one write per event, as an engine streams them.
+    events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+
+    async def models(request):
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "vllm"}]})
+
+    async def completions(request):
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+        await resp.write_eof()
+        return resp
+
+    async def main():
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+# ---- clients -------------------------------------------------------------------------------
+async def bare_client(url: str, n_requests: int, concurrency: int) -> int:
+    """Read every stream, split events on blank lines, count token events; no JSON parsing."""
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    body = json.dumps({"model": "bench", "prompt": [1, 2, 3], "max_tokens": 1, "stream": True})
+
+    async def one(session) -> int:
+        n, buf = 0, b""
+        async with sem, session.post(url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"}) as r:
+            async for chunk in r.content.iter_any():
+                parts = (buf + chunk).split(b"\n\n")
+                buf = parts.pop()
+                n += len(parts)
+        return n - 2  # minus the usage event and [DONE]
+
+    async with aiohttp.ClientSession(connector=conn) as s:
+        counts = await asyncio.gather(*(one(s) for _ in range(n_requests)))
+    return sum(counts)
+
+
+def tracekit_client(url: str, n_requests: int, concurrency: int, tmp: Path) -> int:
+    from capture.http import CaptureConfig, run_capture
+
+    prompts = tmp / f"p{concurrency}.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": [1, 2, 3]}) + "\n" for i in range(n_requests)))
+    out = tmp / f"t{concurrency}.h5"
+    s = run_capture(CaptureConfig(url=url, prompts=str(prompts), out=str(out), concurrency=concurrency,
+                                  top_logprobs=TOPK, dialect="vllm", progress=False))
+    assert s.failed == 0, s
+    out.unlink()
+    return s.tokens
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(fn) -> tuple[float, float, int]:
+    c0, w0 = cpu_s(), time.perf_counter()
+    tokens = fn()
+    return cpu_s() - c0, time.perf_counter() - w0, tokens
+
+
+def run(quick: bool) -> dict:
+    n_tokens = 128 if quick else 256
+    plan = {1: 8, 16: 48, 64: 128} if quick else {1: 32, 16: 192, 64: 512}
+    tmp = Path(tempfile.mkdtemp(prefix="capture_bench_"))
+    port_file = tmp / "port"
+    srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--tokens", str(n_tokens)])
+    try:
+        deadline = time.time() + 30
+        while not port_file.exists() or not port_file.read_text():
+            if time.time() > deadline or srv.poll() is not None:
+                raise SystemExit("bench server did not start")
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port_file.read_text()}"
+        # Warm-up: imports (h5py, numpy, capture) and the first connections, outside the timings.
+        tracekit_client(url, 4, 2, tmp)
+        asyncio.run(bare_client(url, 4, 2))
+        rows = []
+        for c, n in plan.items():
+            for name, fn in (("bare", lambda: asyncio.run(bare_client(url, n, c))),
+                             ("tracekit", lambda: tracekit_client(url, n, c, tmp))):
+                cpu, wall, tokens = measure(fn)
+                assert tokens == n * n_tokens, (name, tokens)
+                rows.append({"client": name, "concurrency": c, "requests": n, "tokens": tokens,
+                             "cpu_s": round(cpu, 4), "wall_s": round(wall, 4),
+                             "cpu_s_per_1k_tokens": round(1000 * cpu / tokens, 5),
+                             "tokens_per_s": round(tokens / wall, 1)})
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    by = {(r["client"], r["concurrency"]): r for r in rows}
+    ratios = {f"cpu_per_token_vs_bare_c{c}": round(by["tracekit", c]["cpu_s_per_1k_tokens"]
+                                                   / by["bare", c]["cpu_s_per_1k_tokens"], 3) for c in plan}
+    return {"bench": "capture", "quick": quick, "tokens_per_request": n_tokens, "topk": TOPK, **ratios,
+            "target_cpu_per_token_vs_bare_c64": 1.5, "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="tracekit capture client overhead vs a bare SSE reader")
+    ap.add_argument("--quick", action="store_true", help="fewer requests (< 1 minute)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", type=int, default=256, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        serve(args.serve, args.tokens)
+        return
+    res = run(args.quick)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    from tabulate import tabulate
+
+    print(tabulate([[r["client"], r["concurrency"], r["requests"], r["tokens"], r["cpu_s_per_1k_tokens"],
+                     r["tokens_per_s"]] for r in res["rows"]],
+                   headers=["client", "conc", "requests", "tokens", "CPU s / 1k tok", "tok/s"]))
+    for k, v in res.items():
+        if k.startswith("cpu_per_token_vs_bare"):
+            print(f"{k}: {v}" + ("  (target <= 1.5)" if k.endswith("c64") else ""))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
