@@ -1,0 +1,97 @@
+"""Client disconnect, bad input, auth: the engine frees resources and stays healthy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from conftest import greedy, metric, run_serial
+
+PROMPT = "def handle_request(self):\n    timeout = self.socket.gettimeout()\n"
+
+
+async def _stream_then_drop(url: str, n_tokens: int) -> list[int]:
+    """Read n_tokens streamed token events, then close the connection abruptly."""
+    body = greedy(PROMPT, 400, stream=True)
+    got: list[int] = []
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(f"{url}/v1/completions", json=body)
+        assert resp.status == 200
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                got += json.loads(line[6:])["choices"][0]["token_ids"]
+                if len(got) >= n_tokens:
+                    break
+        resp.close()  # drops the TCP connection mid-stream
+    return got
+
+
+def test_disconnect_frees_slot_and_next_request_matches(engine):
+    """A streaming client that disconnects after 3 tokens must free its slot within a second,
+    and the next request must match its baseline (no state leaks from the cancelled one)."""
+    baseline = run_serial(engine.url, [greedy(PROMPT, 24)])[0]["choices"][0]["token_ids"]
+    cancelled0 = metric(engine.url, "tracekit:requests_cancelled_total")
+    got = asyncio.run(_stream_then_drop(engine.url, 3))
+    assert got == baseline[:3]
+    t0 = time.monotonic()
+    while metric(engine.url, "tracekit:slots_busy") > 0:
+        assert time.monotonic() - t0 < 1.0, "slot still busy 1 s after the client disconnected"
+        time.sleep(0.02)
+    assert metric(engine.url, "tracekit:num_requests_running") == 0
+    assert metric(engine.url, "tracekit:requests_cancelled_total") == cancelled0 + 1
+    after = run_serial(engine.url, [greedy(PROMPT, 24)])[0]["choices"][0]["token_ids"]
+    assert after == baseline
+
+
+OK_BODY = {"prompt": "import os\n", "max_tokens": 4, "temperature": 0}
+BAD = {
+    "prompt_too_long": json.dumps({**OK_BODY, "prompt": [5] * 2100}).encode(),
+    "prompt_plus_max_tokens_too_long": json.dumps({**OK_BODY, "prompt": [5] * 2000, "max_tokens": 100}).encode(),
+    "logprobs_21": json.dumps({**OK_BODY, "logprobs": 21}).encode(),
+    "max_tokens_0": json.dumps({**OK_BODY, "max_tokens": 0}).encode(),
+    "token_id_out_of_vocab": json.dumps({**OK_BODY, "prompt": [5, 2048]}).encode(),
+    "negative_token_id": json.dumps({**OK_BODY, "prompt": [-1, 5]}).encode(),
+    "malformed_json": b'{"prompt": "import os", "max_tokens": 4',
+    "not_an_object": b"[1, 2, 3]",
+    "empty_prompt": json.dumps({**OK_BODY, "prompt": ""}).encode(),
+    "body_over_limit": json.dumps({**OK_BODY, "prompt": "x" * (2 << 20)}).encode(),
+}
+
+
+async def _post_raw(url: str, data: bytes) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/v1/completions", data=data, headers={"Content-Type": "application/json"}) as r:
+            return r.status, await r.json()
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_400_and_engine_stays_healthy(engine, case):
+    """Each bad input gets 400 with an OpenAI-style error object, and a normal request still works."""
+    status, body = asyncio.run(_post_raw(engine.url, BAD[case]))
+    assert status == 400, body
+    err = body["error"]
+    assert err["type"] == "invalid_request_error"
+    assert isinstance(err["message"], str) and err["message"]
+    assert "\n" not in err["message"]
+    status, ok = asyncio.run(_post_raw(engine.url, json.dumps(OK_BODY).encode()))
+    assert status == 200 and ok["usage"]["completion_tokens"] == 4
+
+
+def test_api_key_required_when_configured(engine_factory, monkeypatch):
+    """--api-key-env VAR: /v1 routes need the bearer key; /health stays open for readiness."""
+    monkeypatch.setenv("TRACEKIT_TEST_KEY", "s3cret")
+    eng = engine_factory("--api-key-env", "TRACEKIT_TEST_KEY")
+
+    async def go(headers):
+        async with aiohttp.ClientSession(headers=headers) as s:
+            async with s.post(f"{eng.url}/v1/completions", json=OK_BODY) as r:
+                return r.status
+    assert asyncio.run(go({})) == 401
+    assert asyncio.run(go({"Authorization": "Bearer wrong"})) == 401
+    assert asyncio.run(go({"Authorization": "Bearer s3cret"})) == 200
+    assert "s3cret" not in open(eng.log_path).read()
