@@ -11,8 +11,9 @@ replayed tokens before t equal A's (so its position t sees the same prefix):
     c flips     iff argmax_c(t) == B's token, or c's history is not `full` and
                 argmax_c(t) != argmax_(full, same dtype)(t)
 
-The verdict lists the flipping configurations ("reproduced by prefix:8 bf16")
-or says "not reproduced (N configurations)". It is evidence next to the
+The verdict lists the flipping configurations, non-full histories first, with
+how many configurations pick each token ("reproduced by prefix:8 bf16 (1/4 pick
+B's token, 3/4 A's)"), or says "not reproduced (N configurations)". It is evidence next to the
 class, never a replacement for it: the class always comes from the HTTP traces.
 """
 
@@ -69,16 +70,19 @@ def cross_check(diag: TraceReader, al: Alignment, cols: dict[str, np.ndarray]) -
     for i in np.unique(pair_of).tolist():
         sel = np.flatnonzero(pair_of == i)
         conf = {(tab.history[drow[j]], tab.dtype[drow[j]]): int(am[j]) for j in sel}
-        out[i] = _verdict(conf, int(cols["token_b"][i]))
+        out[i] = _verdict(conf, int(cols["token_a"][i]), int(cols["token_b"][i]))
     return out
 
 
-def _verdict(conf: dict[tuple[str, str], int], token_b: int) -> str:
+def _verdict(conf: dict[tuple[str, str], int], token_a: int, token_b: int) -> str:
     to_b = [c for c, a in conf.items() if a == token_b]
     vs_full = [c for c, a in conf.items() if c[0] != "full" and ("full", c[1]) in conf
                and a != conf[("full", c[1])] and c not in to_b]
-    flips = to_b + vs_full
-    if not flips:
-        return f"not reproduced ({len(conf)} configuration{'s' if len(conf) != 1 else ''})"
+    n = len(conf)
+    if not to_b and not vs_full:
+        return f"not reproduced ({n} configuration{'s' if n != 1 else ''})"
+    # Non-full histories first: "prefix:8 bf16" says more than "full fp32".
+    flips = sorted(to_b + vs_full, key=lambda c: c[0] == "full")
     names = ", ".join(f"{h} {d}".strip() for h, d in flips[:4]) + (" …" if len(flips) > 4 else "")
-    return f"reproduced by {names}"
+    n_a = sum(a == token_a for a in conf.values())
+    return f"reproduced by {names} ({len(to_b)}/{n} pick B's token, {n_a}/{n} A's)"

@@ -38,7 +38,7 @@ def test_teacher_forced_verdicts(traces):
     a, b, d = traces
     r = diff(a, b, teacher=d)
     got = {p.key: (p.cls, p.teacher) for p in r.pairs}
-    assert got["rep"] == ("bf16_tie_flip", "reproduced by prefix:2 bf16")
+    assert got["rep"] == ("bf16_tie_flip", "reproduced by prefix:2 bf16 (1/3 pick B's token, 2/3 A's)")
     assert got["norep"] == ("bf16_tie_flip", "not reproduced (3 configurations)")
     assert got["nodiag"][1] == "no diagnostic row for this key"
     assert got["other"][1].startswith("not comparable")
@@ -52,7 +52,7 @@ def test_history_that_differs_from_full_counts_as_reproduced(tmp_path):
     b = write_trace(tmp_path / "b.h5", [Req("k", B, rows={2: flip(99, 7, -0.5, -0.55)})])
     d = write_trace(tmp_path / "d.h5", _diag_rows("k", A, {("full", "bf16"): 7, ("prefix:2", "bf16"): 50}),
                     raw=True, source="teacher_forced")
-    assert diff(a, b, teacher=d).by_key("k").teacher == "reproduced by prefix:2 bf16"
+    assert diff(a, b, teacher=d).by_key("k").teacher == "reproduced by prefix:2 bf16 (0/2 pick B's token, 1/2 A's)"
 
 
 def test_diff_against_teacher_forced_rows_needs_a_selection(traces):
