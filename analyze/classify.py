@@ -152,61 +152,64 @@ def _tie_ok(g: SideGap, thr: Thresholds) -> np.ndarray:
     return g.has_other & np.where(np.isfinite(g.ulp), np.abs(g.ulp) <= thr.tie_ulps, np.abs(g.nats) <= thr.tie_nats)
 
 
-def classify(al: Alignment, thr: Thresholds, eos_ids: np.ndarray) -> dict[str, np.ndarray]:
-    """All result columns [P] (see result.COLUMNS) except `rule` and `teacher`."""
-    P = len(al.keys)
-    t, ta, tb = first_divergence(al)
-    dmax, dmean, bitwise = drift(al, t)
-    eos_pos = eos_before(al, ta, t, np.asarray(eos_ids, dtype=np.int32))
-    comparable = al.incomparable == ""
-    bound = lambda side, rows: np.where(rows >= 0, side.table.cached_tokens[np.maximum(rows, 0)], -1)
-    ba, bb = bound(al.a, al.row_a), bound(al.b, al.row_b)
-    identical = comparable & (t == al.length) & (al.n_a == al.n_b)
-    div = comparable & (t < al.length)
-    short = comparable & (t == al.length) & (al.n_a != al.n_b)   # one side ended early
-    at = div | short
-    position = np.where(at, t, -1)
-    # Tokens at t (-1 where that side has no row t).
-    has_a, has_b = at & (t < al.n_a), at & (t < al.n_b)
-    token_a = np.where(has_a, al.a.token_id[np.where(has_a, al.off_a + t, 0)] if P else 0, -1)
-    token_b = np.where(has_b, al.b.token_id[np.where(has_b, al.off_b + t, 0)] if P else 0, -1)
-
+def flip_evidence(al: Alignment, t: np.ndarray, div: np.ndarray, token_a: np.ndarray, token_b: np.ndarray,
+                  thr: Thresholds) -> dict[str, np.ndarray]:
+    """At the D pairs that differ inside the compared length: gaps, top-k
+    membership and overlap, and whether the tie / numeric-gap tests pass. [P] each."""
+    P = len(t)
     f = lambda: np.full(P, np.nan)
-    gap_a, gap_b, ulp_a, ulp_b, overlap = f(), f(), f(), f(), f()
-    in_a, in_b = np.zeros(P, bool), np.zeros(P, bool)   # other side's token in this side's top-k
+    ev = dict(gap_a=f(), gap_b=f(), gap_a_ulp=f(), gap_b_ulp=f(), topk_overlap=f())
+    for name in ("b_in_topk_a", "a_in_topk_b", "tie", "numeric"):
+        ev[name] = np.zeros(P, bool)
     D = np.flatnonzero(div)
     rows_a, rows_b = al.off_a[D] + t[D], al.off_b[D] + t[D]
     ids_a, lps_a, lg_a = fetch_rows(al.a, rows_a)
     ids_b, lps_b, lg_b = fetch_rows(al.b, rows_b)
     ga = side_gap(ids_a, lps_a, lg_a, token_a[D], token_b[D], al.a.logprob[rows_a].astype(np.float64))
     gb = side_gap(ids_b, lps_b, lg_b, token_b[D], token_a[D], al.b.logprob[rows_b].astype(np.float64))
-    gap_a[D], gap_b[D], ulp_a[D], ulp_b[D] = ga.nats, gb.nats, ga.ulp, gb.ulp
-    in_a[D], in_b[D] = ga.has_other, gb.has_other
-    overlap[D] = topk_overlap(ids_a, ids_b)
+    ev["gap_a"][D], ev["gap_b"][D], ev["gap_a_ulp"][D], ev["gap_b_ulp"][D] = ga.nats, gb.nats, ga.ulp, gb.ulp
+    ev["b_in_topk_a"][D], ev["a_in_topk_b"][D] = ga.has_other, gb.has_other
+    ev["topk_overlap"][D] = topk_overlap(ids_a, ids_b)
+    ev["tie"][D] = _tie_ok(ga, thr) & _tie_ok(gb, thr)
+    ev["numeric"][D] = (ga.has_other & gb.has_other & (np.abs(ga.nats) <= thr.drift_nats)
+                        & (np.abs(gb.nats) <= thr.drift_nats))
+    return ev
+
+
+def classify(al: Alignment, thr: Thresholds, eos_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """All result columns [P] except `rule` and `teacher`."""
+    P = len(al.keys)
+    t, ta, tb = first_divergence(al)
+    dmax, dmean, bitwise = drift(al, t)
+    eos_pos = eos_before(al, ta, t, np.asarray(eos_ids, dtype=np.int32))
+    comparable = al.incomparable == ""
+    bound = lambda side, rows: np.where(rows >= 0, side.table.cached_tokens[np.maximum(rows, 0)], -1)
+    ba, bb = bound(al.a, al.row_a).astype(np.int64), bound(al.b, al.row_b).astype(np.int64)
+    identical = comparable & (t == al.length) & (al.n_a == al.n_b)
+    div = comparable & (t < al.length)
+    at = div | (comparable & (t == al.length) & (al.n_a != al.n_b))   # or one side ended early
+    # Tokens at t (-1 where that side has no row t).
+    has_a, has_b = at & (t < al.n_a), at & (t < al.n_b)
+    token_a = np.where(has_a, al.a.token_id[np.where(has_a, al.off_a + t, 0)] if P else 0, -1)
+    token_b = np.where(has_b, al.b.token_id[np.where(has_b, al.off_b + t, 0)] if P else 0, -1)
+    ev = flip_evidence(al, t, div, token_a, token_b, thr)
+    tie, numeric = ev.pop("tie"), ev.pop("numeric")
 
     # vLLM's check_logprobs_close: at the first difference each token is in the
     # other's top-k; sequences equal over zip() pass. 1 pass, 0 fail, -1 n/a.
     vllm = np.where(comparable, 1, -1).astype(np.int8)
-    vllm[D] = (in_a[D] & in_b[D]).astype(np.int8)
+    vllm[div] = (ev["b_in_topk_a"] & ev["a_in_topk_b"])[div]
 
     drift_ok = np.isnan(dmax) | (dmax <= thr.drift_nats)
-    tie = np.zeros(P, bool)
-    tie[D] = _tie_ok(ga, thr) & _tie_ok(gb, thr)
-    numeric = np.zeros(P, bool)
-    numeric[D] = (ga.has_other & gb.has_other & (np.abs(ga.nats) <= thr.drift_nats)
-                  & (np.abs(gb.nats) <= thr.drift_nats))
     boundary_differs = (ba >= 0) & (bb >= 0) & (ba != bb)
-
+    post = at & (eos_pos >= 0)
     cls = np.full(P, "unexplained", dtype=object)
     cls[~comparable] = "incomparable"
     cls[identical] = "identical"
-    post = at & (eos_pos >= 0)
     cls[post] = "post_eos"
     cls[div & ~post & drift_ok & ~tie & boundary_differs & numeric] = "cache_boundary"
     cls[div & ~post & drift_ok & tie] = "bf16_tie_flip"
-    return dict(key=al.keys, cls=cls, position=position, token_a=token_a, token_b=token_b,
-                gap_a=gap_a, gap_b=gap_b, gap_a_ulp=ulp_a, gap_b_ulp=ulp_b,
-                boundary_a=ba.astype(np.int64), boundary_b=bb.astype(np.int64),
-                drift_max=dmax, drift_mean=dmean, bitwise=bitwise & comparable, topk_overlap=overlap,
-                vllm_close=vllm, len_a=al.n_a, len_b=al.n_b, compared=al.length,
-                b_in_topk_a=in_a, a_in_topk_b=in_b, eos_pos=eos_pos, incomparable=al.incomparable)
+    return dict(key=al.keys, cls=cls, position=np.where(at, t, -1), token_a=token_a, token_b=token_b,
+                boundary_a=ba, boundary_b=bb, drift_max=dmax, drift_mean=dmean, bitwise=bitwise & comparable,
+                vllm_close=vllm, len_a=al.n_a, len_b=al.n_b, compared=al.length, eos_pos=eos_pos,
+                incomparable=al.incomparable, **ev)
