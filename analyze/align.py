@@ -187,7 +187,9 @@ def _prompt_reason(a: Side, b: Side, ra: np.ndarray, rb: np.ndarray) -> np.ndarr
 
 def align(a: Side, b: Side) -> Alignment:
     keys, row_a, row_b = _pair_keys(a, b)
-    if len(keys) and not np.any((row_a >= 0) & (row_b >= 0)):
+    if not len(keys):
+        raise AlignmentError(f"{a.path} and {b.path} hold no requests: nothing to compare")
+    if not np.any((row_a >= 0) & (row_b >= 0)):
         raise AlignmentError(f"{a.path} and {b.path} have no request key in common: they are not runs of "
                              f"the same prompt set (or the row selection excludes every key)")
     reason = np.full(len(keys), "", dtype=object)

@@ -214,6 +214,17 @@ def test_no_common_key_is_an_error(tmp_path):
         diff(a, b)
 
 
+def test_empty_traces_and_same_file_are_errors(tmp_path):
+    """A comparison that compares nothing fails loudly instead of printing 0/0."""
+    a = write_trace(tmp_path / "a.h5", [])
+    b = write_trace(tmp_path / "b.h5", [])
+    with pytest.raises(AlignmentError, match="nothing to compare"):
+        diff(a, b)
+    c = write_trace(tmp_path / "c.h5", [Req("x", BASE)])
+    with pytest.raises(ConfigError, match="same file"):
+        diff(c, c)
+
+
 def test_thresholds_are_validated():
     with pytest.raises(ConfigError, match="drift-nats"):
         Thresholds(tie_nats=0.5, drift_nats=0.1)
