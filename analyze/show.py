@@ -16,7 +16,7 @@ from tracekit.errors import ConfigError
 from tracekit.schema import TokenColumns
 from tracekit.store import TraceReader
 
-from .align import parse_select
+from .align import parse_select, top1
 from .classify import bf16_ulp
 
 
@@ -35,6 +35,16 @@ def _row_of(r: TraceReader, key: str, select: str | None) -> int:
         raise ConfigError(f"{r.path}: key {key!r} has several teacher-forced rows ({combos}); pick one "
                           f"with --a-select/--b-select")
     return int(hits[-1])
+
+
+def _tokens(r: TraceReader, i: int) -> TokenColumns:
+    """A request's columns; in a teacher-forced trace the token shown is the
+    history's top-1 (as `diff` compares it), not the replayed token."""
+    tok = r.tokens(i)
+    if r.meta.source != "teacher_forced":
+        return tok
+    ids, lps = top1(tok.topk_id, tok.topk_logprob, tok.topk_logit)
+    return TokenColumns(ids, lps, tok.t_arrival_s, tok.topk_id, tok.topk_logprob, tok.topk_logit)
 
 
 def _candidates(tok: TokenColumns, t: int, k: int, decode) -> list[dict[str, Any]]:
@@ -72,8 +82,8 @@ def drill(a_path: str, b_path: str | None, key: str, position: int | None = None
         ra = stack.enter_context(TraceReader(a_path))
         rb = stack.enter_context(TraceReader(b_path)) if b_path else None
         ia = _row_of(ra, key, a_select)
-        ta = ra.tokens(ia)
-        tb = rb.tokens(_row_of(rb, key, b_select)) if rb else None
+        ta = _tokens(ra, ia)
+        tb = _tokens(rb, _row_of(rb, key, b_select)) if rb else None
         div = first_difference(ta, tb) if tb is not None else None
         t0 = position if position is not None else (div if div is not None else 0)
         n = max(len(ta), len(tb) if tb is not None else 0)

@@ -14,7 +14,7 @@ Examples:
   tracekit diff serial.h5 prefix_on.h5 --teacher-forced diag.h5
 """
 
-CLASS_NAMES = ("incomparable", "identical", "post_eos", "bf16_tie_flip", "cache_boundary", "unexplained")
+from analyze.classify import CLASSES as CLASS_NAMES  # light: numpy and the store, no torch
 
 
 @click.command(epilog=EPILOG)
