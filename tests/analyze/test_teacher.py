@@ -74,3 +74,14 @@ def test_diff_against_teacher_forced_rows_needs_a_selection(traces):
         diff(a, d, b_select="layer=3")
     with pytest.raises(AlignmentError, match="no request row matches"):
         diff(a, d, b_select="history=decode")
+
+
+def test_show_compares_teacher_forced_histories_by_top1(traces):
+    from analyze.show import drill
+    _, _, d = traces
+    out = drill(d, d, "rep", a_select="history=full,dtype=bf16", b_select="history=prefix:2,dtype=bf16")
+    assert out["first_difference"] == 2 and out["position"] == 2
+    at = next(r for r in out["rows"] if r["position"] == 2)
+    assert (at["a"]["id"], at["b"]["id"], at["same"]) == (7, 99, False)
+    assert out["b"]["history"] == "prefix:2" and out["b"]["cached_tokens"] == 2
+    assert out["a"]["topk_at_position"][1]["ulp_from_top1"] == pytest.approx(3.2, abs=1e-5)
