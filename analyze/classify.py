@@ -111,6 +111,8 @@ def side_gap(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None, mine: 
              other: np.ndarray, chosen_lp: np.ndarray) -> SideGap:
     """ids/lps/logits [D, k] top-k rows; mine/other [D] token ids; chosen_lp [D]."""
     D = len(mine)
+    if not ids.shape[1]:   # a trace without top-k: no gap can be measured
+        return SideGap(np.full(D, np.nan), np.full(D, np.nan), np.zeros(D, bool))
     r = np.arange(D)
     m_mine, m_other = ids == mine[:, None], ids == other[:, None]
     has_mine, has_other = m_mine.any(1), m_other.any(1)

@@ -231,3 +231,9 @@ def test_thresholds_are_validated():
     with pytest.raises(ConfigError, match="tie-ulps"):
         Thresholds(tie_ulps=-1)
     assert math.isclose(Thresholds().tie_nats, 4 * 2 ** -5)   # 4 BF16 ULPs at |logit| in [4, 8)
+
+
+def test_traces_without_topk_cannot_prove_a_tie(tmp_path):
+    """Top-k width 0 (an engine that returns no logprobs): a flip is unexplained, identical stays identical."""
+    p = one(tmp_path, Req("k", BASE), Req("k", with_flip(BASE, 1, 99)), k=0)
+    assert (p.cls, p.position, p.gap_a, p.vllm_close, p.topk_overlap) == ("unexplained", 1, None, False, None)
