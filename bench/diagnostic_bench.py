@@ -1,0 +1,211 @@
+"""Benchmark the teacher-forced cache-history diagnostic against plain forwards.
+
+For each sequence length it times, side by side (interleaved, the minimum of
+--repeats): a plain transformers forward of the batch (logits for the scored
+positions only), each history alone, and the diagnostic running all its
+histories at once (shared segments, then top-k scoring). It prints a table, or
+with --json one JSON object whose `vs_independent_forwards` is
+
+    diagnostic time for the histories / time of as many plain forwards
+
+(the worst over the sequence lengths; per-length values are in `cells`).
+Models have random weights built from hard-coded configs (no downloads):
+`tiny` is the fixture model's shape, `qwen3-0.6b` / `qwen3-4b` the real
+Qwen3 configs. MFU counts 2*params*tokens (decoder layers, plus the LM head
+on the scored positions) plus causal attention 2*layers*heads*head_dim*S^2,
+against 768 TFLOP/s (a large BF16 matmul on an H200); it is reported on CUDA only.
+
+Runs from a checkout with nothing installed:
+    PYTHONPATH=. python bench/diagnostic_bench.py --quick
+    PYTHONPATH=. python bench/diagnostic_bench.py --device cuda --config qwen3-0.6b,qwen3-4b \\
+        --seq-len 2048,8192 --dtype bf16 --json --out-json diag_gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from capture.teacher.history import parse_histories  # noqa: E402
+from capture.teacher.runner import TORCH_DTYPES, run_histories, wrap_model  # noqa: E402
+from capture.teacher.scoring import score  # noqa: E402
+
+PEAK_BF16_FLOPS = 768e12
+
+# Real Qwen3 config values (Qwen/Qwen3-0.6B and Qwen/Qwen3-4B config.json); weights are random.
+CONFIGS = {
+    "tiny": dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+}
+COMMON = dict(max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, eos_token_id=0)
+
+
+def build_model(name: str, dtype: str, device: str, attn: str):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(**CONFIGS[name], **COMMON)
+    torch.manual_seed(0)
+    with torch.device(device):  # initialise on the device: a 4B model in seconds, not minutes
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, TORCH_DTYPES[dtype]),
+                                                 attn_implementation=attn)
+    return wrap_model(model.eval(), dtype, device)
+
+
+def flops(cfg, n_seq: int, n_inputs: int, n_scored: int, layer_params: int) -> float:
+    """Model FLOPs of one pass over [n_seq, n_inputs] with n_scored logits per sequence."""
+    attn = 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * n_inputs ** 2
+    return n_seq * (2 * layer_params * n_inputs + 2 * cfg.hidden_size * cfg.vocab_size * n_scored + attn)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: str) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats: int) -> dict:
+    """Time plain forwards, each history alone and the whole diagnostic for one length."""
+    import torch
+
+    p = seq_len - n_gen
+    half, inputs = max(1, p // 2), seq_len - 1
+    specs = parse_histories(hist_text.replace("HALF", str(half)))
+    hists = [s.resolve(p, n_gen, half) for s in specs]
+    gen = torch.Generator().manual_seed(seq_len)
+    ids = torch.randint(2, lm.vocab_size, (batch, seq_len), generator=gen).to(lm.device)
+    x, targets = ids[:, :-1], ids[:, p:]
+
+    def plain():
+        with torch.inference_mode():
+            lm.model(input_ids=x, logits_to_keep=n_gen)
+
+    def diagnostic(hs):
+        def run():
+            logits = run_histories(lm, x, p - 1, hs)
+            for h in hs:
+                score(logits[h.label], targets, 20)
+        return run
+
+    variants = {"plain": plain, "diagnostic": diagnostic(hists)}
+    variants.update({h.label: diagnostic([h]) for h in hists})
+    for fn in variants.values():  # warm-up: kernels, allocator, lazy imports
+        fn()
+    times = {k: [] for k in variants}
+    for _ in range(repeats):  # interleaved, so drift and neighbours hit every variant alike
+        for k, fn in variants.items():
+            times[k].append(_timed(fn, lm.device))
+    # min, not median: on a shared machine the fastest run is the least disturbed one
+    t = {k: min(v) for k, v in times.items()}
+    tokens = batch * inputs
+    cell = {"seq_len": seq_len, "batch": batch, "scored_per_seq": n_gen, "histories": [h.label for h in hists],
+            "time_s": {k: round(v, 5) for k, v in t.items()},
+            "tokens_per_s": {k: round(tokens / t[k], 1) for k in t if k != "diagnostic"},
+            "vs_independent_forwards": round(t["diagnostic"] / (len(hists) * t["plain"]), 4),
+            "vs_histories_alone": round(t["diagnostic"] / sum(t[h.label] for h in hists), 4),
+            "history_vs_plain_tokens_per_s": {h.label: round(t["plain"] / t[h.label], 4) for h in hists}}
+    if lm.device.startswith("cuda"):
+        cfg = lm.model.config
+        layer_params = sum(q.numel() for q in lm.model.model.layers.parameters())
+        f = flops(cfg, batch, inputs, n_gen, layer_params)
+        cell["mfu_bf16"] = {k: round(f / t[k] / PEAK_BF16_FLOPS, 4) for k in t if k != "diagnostic"}
+    return cell
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Example: PYTHONPATH=. python bench/diagnostic_bench.py --quick --json",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--config", default=None, help=f"comma list of {', '.join(CONFIGS)} (default tiny)")
+    ap.add_argument("--seq-len", default=None, help="comma list of sequence lengths (default 512; cuda 2048,8192)")
+    ap.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default fp32 on cpu, bf16 on cuda)")
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    ap.add_argument("--batch", type=int, default=None, help="sequences per batch (default 8 on cpu, 1 on cuda)")
+    ap.add_argument("--gen", type=int, default=32, help="scored (generated) positions per sequence")
+    ap.add_argument("--histories", default="full,prefix:HALF,chunked:HALF,decode",
+                    help="history list; HALF = half the prompt length")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (the minimum is reported)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1: on a shared machine, busy neighbours stall OpenMP barriers)")
+    ap.add_argument("--quick", action="store_true", help="small and fast (< 1 minute on CPU)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--out-json", default=None, help="also write the JSON object to this path")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    import torch
+
+    a = parse_args(argv)
+    cuda = a.device.startswith("cuda")
+    torch.set_num_threads(a.threads)
+    configs = (a.config or "tiny").split(",")
+    default_lens = ("2048" if a.quick else "2048,8192") if cuda else "512"
+    seq_lens = [int(s) for s in (a.seq_len or default_lens).split(",")]
+    dtype = a.dtype or ("bf16" if cuda else "fp32")
+    batch = a.batch or (1 if cuda else 8)
+    repeats = a.repeats or (3 if a.quick else 5)
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad:
+        print(f"error: unknown --config {', '.join(bad)}; choose from {', '.join(CONFIGS)}", file=sys.stderr)
+        return 2
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": dtype, "attn": a.attn,
+              "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+              "threads": a.threads, "repeats": repeats, "cells": []}
+    for name in configs:
+        t0 = time.perf_counter()
+        lm = build_model(name, dtype, a.device, a.attn)
+        print(f"built {name} ({dtype}, {a.device}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        for s in seq_lens:
+            cell = {"config": name, **bench_cell(lm, s, batch, a.gen, a.histories, repeats)}
+            result["cells"].append(cell)
+            print(f"{name} seq {s}: vs_independent_forwards {cell['vs_independent_forwards']}", file=sys.stderr)
+        del lm
+        if cuda:
+            torch.cuda.empty_cache()
+    result["vs_independent_forwards"] = max(c["vs_independent_forwards"] for c in result["cells"])
+    result["tokens_per_s"] = {f"{c['config']}@{c['seq_len']}": c["tokens_per_s"] for c in result["cells"]}
+    if a.out_json:
+        Path(a.out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(result, sort_keys=True) if a.json else table(result))
+    return 0
+
+
+def table(result: dict) -> str:
+    from tabulate import tabulate
+
+    rows = []
+    for c in result["cells"]:
+        for k, tps in c["tokens_per_s"].items():
+            mfu = c.get("mfu_bf16", {}).get(k)
+            rows.append([c["config"], c["seq_len"], c["batch"], k, f"{c['time_s'][k] * 1e3:.1f}", f"{tps:,.0f}",
+                         "" if k == "plain" else f"{c['history_vs_plain_tokens_per_s'][k]:.3f}",
+                         "" if mfu is None else f"{mfu:.1%}"])
+        rows.append([c["config"], c["seq_len"], c["batch"], "diagnostic (all)", f"{c['time_s']['diagnostic'] * 1e3:.1f}",
+                     "", f"vs {len(c['histories'])} plain: {c['vs_independent_forwards']:.3f}", ""])
+    head = ["config", "seq", "batch", "variant", "ms", "tokens/s", "speed vs plain", "MFU"]
+    return (tabulate(rows, head) + f"\n\n{result['device']}, {result['dtype']}, {result['attn']}: "
+            f"vs_independent_forwards (worst) = {result['vs_independent_forwards']:.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
