@@ -58,7 +58,7 @@ def build_model(name: str, dtype: str, device: str, attn: str):
     with torch.device(device):  # initialise on the device: a 4B model in seconds, not minutes
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, TORCH_DTYPES[dtype]),
                                                  attn_implementation=attn)
-    return wrap_model(model.eval(), dtype, device)
+    return wrap_model(model.to(device).eval(), dtype, device)  # .to: a no-op unless the context was ignored
 
 
 def flops(cfg, n_seq: int, n_inputs: int, n_scored: int, layer_params: int) -> float:
@@ -164,6 +164,9 @@ def main(argv=None) -> int:
     dtype = a.dtype or ("bf16" if cuda else "fp32")
     batch = a.batch or (1 if cuda else 8)
     repeats = a.repeats or (3 if a.quick else 5)
+    if cuda and not torch.cuda.is_available():
+        print("error: --device cuda but torch sees no CUDA device", file=sys.stderr)
+        return 2
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
         print(f"error: unknown --config {', '.join(bad)}; choose from {', '.join(CONFIGS)}", file=sys.stderr)

@@ -46,14 +46,16 @@ def test_full_fp32_matches_the_engines_http_logprobs(fixture_model_dir, tmp_path
         ht, dt = h.requests, d.requests
         assert (ht.status == "ok").all() and len(ht) == 8
         assert (ht.cached_tokens > 0).any(), "the prompt set shares prefixes: the engine should report hits"
-        compared = {"full": 0, "prefix": 0}
+        compared, worst = {"full": 0, "prefix": 0}, 0.0
         for i in range(len(dt)):
             j = list(ht.key).index(dt.key[i])
             a, b = h.tokens(j), d.tokens(i)
             np.testing.assert_array_equal(b.token_id, a.token_id)      # the same tokens, teacher-forced
             np.testing.assert_allclose(b.logprob, a.logprob, atol=1e-4, err_msg=f"{dt.key[i]} {dt.history[i]}")
             np.testing.assert_allclose(b.topk_logprob, a.topk_logprob, atol=1e-4)
+            worst = max(worst, float(np.abs(b.logprob - a.logprob).max()))
             compared["prefix" if dt.history[i].startswith("prefix:") else "full"] += 1
             if dt.history[i].startswith("prefix:"):
                 assert dt.cached_tokens[i] == ht.cached_tokens[j] == int(dt.history[i].split(":")[1])
+        print(f"max |dlogprob| diagnostic vs HTTP (FP32): {worst:.2e}")
         assert compared["full"] == 8 and compared["prefix"] == int((ht.cached_tokens > 0).sum())
