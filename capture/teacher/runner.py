@@ -44,7 +44,12 @@ def cache_keyword(model: Any) -> str:
 
 
 def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdpa") -> LoadedModel:
-    """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError."""
+    """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError.
+
+    device: cpu, cuda, cuda:N, or auto = transformers' own multi-GPU placement
+    (`device_map="auto"`, layers split across the visible GPUs; needs accelerate).
+    """
+    import importlib.util
     import sys
 
     import torch
@@ -54,13 +59,19 @@ def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdp
     if not sys.stderr.isatty():  # progress bars only on a terminal
         hf_logging.disable_progress_bar()
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is visible to torch; use --device cpu")
+        raise ConfigError(f"--device {device}: no CUDA device is visible to torch; use --device cpu")
+    if device == "auto" and importlib.util.find_spec("accelerate") is None:
+        raise ConfigError("--device auto uses transformers' device_map='auto', which needs the accelerate "
+                          "package (pip install accelerate); or pass --device cuda for one GPU")
+    kwargs = {"device_map": "auto"} if device == "auto" else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, TORCH_DTYPES[dtype]),
-                                                     attn_implementation=attn)
+                                                     attn_implementation=attn, **kwargs)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{model_dir}: cannot load as an HF causal LM ({first})") from None
+    if device == "auto":  # inputs go where the embedding lives; accelerate's hooks move activations on
+        return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device))
     return wrap_model(model.to(device).eval(), dtype, device)
 
 

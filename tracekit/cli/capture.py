@@ -72,7 +72,8 @@ def _kv(ctx, param, values):
 @click.option("--dtype", default="fp32", show_default=True, metavar="D,...", help="Teacher-forced: fp32,bf16,fp16.")
 @click.option("--attn", default="sdpa", show_default=True, type=click.Choice(["sdpa", "eager"]),
               help="Teacher-forced: attention implementation.")
-@click.option("--device", default="cpu", show_default=True, help="Teacher-forced: cpu or cuda[:N].")
+@click.option("--device", default="cpu", show_default=True,
+              help="Teacher-forced: cpu, cuda[:N], or auto (device_map=auto over all GPUs).")
 @click.option("--full-logits", is_flag=True, help="Teacher-forced: also store full-vocabulary logits.")
 @click.option("--force", is_flag=True, help="Teacher-forced: write --full-logits even over 1 GB.")
 @click.pass_context

@@ -116,3 +116,22 @@ def test_bad_options_are_config_errors(random_model_dir, tmp_path, monkeypatch, 
 def test_not_a_model_dir(tmp_path):
     with pytest.raises(ConfigError, match="not an HF model directory"):
         run_from_options(teacher_forced=str(tmp_path), prompts="p.jsonl", max_tokens=2, out=str(tmp_path / "o.h5"))
+
+
+def test_device_errors_are_one_line(random_model_dir, tmp_path):
+    """No CUDA (or no accelerate for --device auto) is a clear ConfigError, not a torch traceback."""
+    import importlib.util
+
+    import torch
+
+    cases = []
+    if not torch.cuda.is_available():
+        cases.append(("cuda", "no CUDA device"))
+    if importlib.util.find_spec("accelerate") is None:
+        cases.append(("auto", "needs the accelerate"))
+    if not cases:
+        pytest.skip("CUDA and accelerate both present")
+    for device, msg in cases:
+        with pytest.raises(ConfigError, match=msg):
+            run_from_options(teacher_forced=str(random_model_dir), prompts=str(_prompts(tmp_path, 1)), max_tokens=2,
+                             device=device, out=str(tmp_path / "o.h5"))
