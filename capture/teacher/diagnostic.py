@@ -13,6 +13,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tracekit.errors import ConfigError
 from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta
@@ -34,6 +36,7 @@ class DiagnosticConfig:
     full_logits: bool = False
     force: bool = False
     batch_tokens: int = 1 << 15     # input tokens per batched forward (memory bound)
+    batch_logits_bytes: int = 1 << 29  # FP32 bytes of one history's scored logits [N, G, V] per batch
 
 
 @dataclass
@@ -62,9 +65,11 @@ def resolve(seq: Sequence, specs: tuple[HistorySpec, ...]) -> tuple[list[History
     return out, skipped
 
 
-def plan(seqs: list[Sequence], specs: tuple[HistorySpec, ...], batch_tokens: int):
+def plan(seqs: list[Sequence], specs: tuple[HistorySpec, ...], batch_tokens: int,
+         logits_per_seq_bytes=lambda g: 0, logits_budget: int = 1 << 29):
     """Batches [(seq indices, histories)]: equal shapes and equal histories, at
-    most batch_tokens inputs each. Also returns the skipped 'key history' pairs."""
+    most batch_tokens inputs and logits_budget bytes of one history's scored
+    logits each. Also returns the skipped 'key history' pairs."""
     groups: dict[tuple, list[int]] = {}
     hist_of: dict[tuple, list[History]] = {}
     skipped = []
@@ -78,7 +83,8 @@ def plan(seqs: list[Sequence], specs: tuple[HistorySpec, ...], batch_tokens: int
         hist_of[gk] = hists
     batches = []
     for gk, idx in groups.items():
-        per = max(1, batch_tokens // max(1, sum(gk[0]) - 1))
+        by_logits = logits_budget // max(1, logits_per_seq_bytes(gk[0][1]))
+        per = max(1, min(batch_tokens // max(1, sum(gk[0]) - 1), by_logits))
         batches += [(idx[j:j + per], hist_of[gk]) for j in range(0, len(idx), per)]
     return batches, skipped
 
@@ -119,7 +125,8 @@ def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[Sequence], batches)
     for idx, hists in batches:
         batch = [seqs[i] for i in idx]
         p, g = batch[0].shape
-        full = torch.tensor([list(s.prompt_ids) + list(s.gen_ids) for s in batch], device=lm.device)  # [N, P+G]
+        full = torch.from_numpy(np.stack([np.concatenate([s.prompt_ids, s.gen_ids]) for s in batch]))
+        full = full.to(lm.device)                                                                       # [N, P+G]
         logits = run_histories(lm, full[:, :-1], p - 1, hists)
         targets = full[:, p:]                                                                           # [N, G]
         cols = {h.label: score(logits[h.label], targets, cfg.topk, cfg.full_logits) for h in hists}
@@ -144,16 +151,19 @@ def run_diagnostic(cfg: DiagnosticConfig, seqs: list[Sequence], out: str, first_
 
     from .runner import load_model
 
-    batches, skipped = plan(seqs, cfg.histories, cfg.batch_tokens)
-    if not batches:
-        raise ConfigError("no history applies to any sequence (prefix boundaries unknown, zero or past the end)")
-    summary = DiagnosticSummary(path=out, sequences=len(seqs), skipped=skipped)
-    writer = None
+    summary, writer, batches = None, None, None
     try:
         for d in cfg.dtypes:
             t0 = time.perf_counter()
             lm = first_model if first_model is not None and first_model.dtype == d else \
                 load_model(cfg.model_dir, d, cfg.device, cfg.attn)
+            if batches is None:
+                batches, skipped = plan(seqs, cfg.histories, cfg.batch_tokens,
+                                        lambda g: g * lm.vocab_size * 4, cfg.batch_logits_bytes)
+                if not batches:
+                    raise ConfigError("no history applies to any sequence "
+                                      "(prefix boundaries unknown, zero or past the end)")
+                summary = DiagnosticSummary(path=out, sequences=len(seqs), skipped=skipped)
             if writer is None:
                 writer = TraceWriter(out, run_meta(cfg, lm.vocab_size, eos_token_ids(lm.model), extra_run or {}))
             summary.rows += write_rows(writer, cfg, lm, seqs, batches)

@@ -100,7 +100,10 @@ def greedy_sequences(lm, prompts, tokenizer, max_tokens: int, eos_ids: tuple[int
 
     out = []
     for pid, prompt in prompts:
-        ids = list(prompt) if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]
+        # No special tokens added, as `tracekit serve` encodes text prompts.
+        ids = list(prompt) if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=False)
+        if not ids:
+            raise ConfigError(f"prompt {pid!r}: tokenizes to no tokens")
         if max(ids) >= lm.vocab_size or min(ids) < 0:
             raise ConfigError(f"prompt {pid!r}: token id out of range for a vocabulary of {lm.vocab_size}")
         cache, gen, x = new_cache(lm.model), [], torch.tensor([ids], device=lm.device)

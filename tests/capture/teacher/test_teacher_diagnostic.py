@@ -135,3 +135,25 @@ def test_device_errors_are_one_line(random_model_dir, tmp_path):
         with pytest.raises(ConfigError, match=msg):
             run_from_options(teacher_forced=str(random_model_dir), prompts=str(_prompts(tmp_path, 1)), max_tokens=2,
                              device=device, out=str(tmp_path / "o.h5"))
+
+
+def test_batching_equal_lengths_matches_one_by_one(random_model_dir, tmp_path):
+    """Equal-length sequences share a forward; in FP32 that must not move a
+    logprob by more than rounding (one-by-one is batch_tokens=1)."""
+    from capture.teacher import DiagnosticConfig, Sequence, parse_histories, run_diagnostic
+
+    rng = np.random.default_rng(3)
+    seqs = [Sequence(f"s{i}", rng.integers(1, 512, 20), rng.integers(1, 512, 6), f"h{i}") for i in range(5)]
+    hist = parse_histories("full,prefix:9,chunked:4,decode")
+    got = {}
+    for name, bt in (("batched", 1 << 15), ("single", 1)):
+        cfg = DiagnosticConfig(model_dir=str(random_model_dir), histories=hist, dtypes=("fp32",), topk=4,
+                               batch_tokens=bt)
+        run_diagnostic(cfg, seqs, str(tmp_path / f"{name}.h5"))
+        with TraceReader(tmp_path / f"{name}.h5") as r:
+            got[name] = {(r.requests.key[i], r.requests.history[i]): r.tokens(i) for i in range(len(r))}
+    assert got["batched"].keys() == got["single"].keys() and len(got["single"]) == 20
+    for k, a in got["batched"].items():
+        b = got["single"][k]
+        np.testing.assert_allclose(a.logprob, b.logprob, atol=1e-6, err_msg=str(k))
+        np.testing.assert_array_equal(a.topk_id[:, 0], b.topk_id[:, 0])
