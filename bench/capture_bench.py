@@ -7,9 +7,13 @@ logprobs, `token_ids`, usage, `[DONE]`) as fast as it can. At concurrency 1,
 - bare: one ClientSession, `iter_any()`, events split on blank lines, no parsing;
 - tracekit: `capture.http.run_capture` with the vllm dialect, top-20 logprobs
   parsed, columns built and appended to an HDF5 trace after each request.
+Two more rows put the ratio in context: bare-lines reads line by line
+(`async for line in resp.content`, as vLLM's and SGLang's benchmark clients
+do) and bare+json adds one json.loads per event to the bare reader and nothing
+else: the floor of any client that parses what it stores.
 Reported: client CPU seconds per 1,000 tokens (getrusage of this process,
 user + system) and tokens/s; `cpu_per_token_vs_bare_c64` = tracekit / bare at
-concurrency 64 (target <= 1.5).
+concurrency 64 (target <= 1.5), `json_floor_vs_bare_c64` = bare+json / bare.
 
     python bench/capture_bench.py [--quick] [--json]
 """
@@ -87,22 +91,36 @@ def serve(port_file: str, n_tokens: int) -> None:
 
 
 # ---- clients -------------------------------------------------------------------------------
-async def bare_client(url: str, n_requests: int, concurrency: int) -> int:
-    """Read every stream, split events on blank lines, count token events; no JSON parsing."""
+async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "chunks") -> int:
+    """Read every stream and count token events. mode "chunks": `iter_any()` and split on
+    blank lines (the leanest reader); "lines": `async for line in resp.content`, as the
+    vLLM / SGLang benchmark clients read SSE; "json": chunks plus one json.loads per
+    event and nothing else (the floor of any client that parses the events)."""
     import aiohttp
 
     sem = asyncio.Semaphore(concurrency)
     conn = aiohttp.TCPConnector(limit=concurrency)
     body = json.dumps({"model": "bench", "prompt": [1, 2, 3], "max_tokens": 1, "stream": True})
+    loads = json.loads
 
     async def one(session) -> int:
         n, buf = 0, b""
         async with sem, session.post(url + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"}) as r:
+            if mode == "lines":
+                async for line in r.content:
+                    line = line.strip()
+                    if line:
+                        n += 1
+                return n - 2
             async for chunk in r.content.iter_any():
                 parts = (buf + chunk).split(b"\n\n")
                 buf = parts.pop()
                 n += len(parts)
+                if mode == "json":
+                    for p in parts:
+                        if p != b"data: [DONE]":
+                            loads(p[6:])
         return n - 2  # minus the usage event and [DONE]
 
     async with aiohttp.ClientSession(connector=conn) as s:
@@ -149,10 +167,13 @@ def run(quick: bool) -> dict:
         url = f"http://127.0.0.1:{port_file.read_text()}"
         # Warm-up: imports (h5py, numpy, capture) and the first connections, outside the timings.
         tracekit_client(url, 4, 2, tmp)
-        asyncio.run(bare_client(url, 4, 2))
+        for mode in ("chunks", "lines", "json"):
+            asyncio.run(bare_client(url, 4, 2, mode))
         rows = []
         for c, n in plan.items():
             for name, fn in (("bare", lambda: asyncio.run(bare_client(url, n, c))),
+                             ("bare-lines", lambda: asyncio.run(bare_client(url, n, c, "lines"))),
+                             ("bare+json", lambda: asyncio.run(bare_client(url, n, c, "json"))),
                              ("tracekit", lambda: tracekit_client(url, n, c, tmp))):
                 cpu, wall, tokens = measure(fn)
                 assert tokens == n * n_tokens, (name, tokens)
@@ -164,8 +185,12 @@ def run(quick: bool) -> dict:
         srv.terminate()
         srv.wait(10)
     by = {(r["client"], r["concurrency"]): r for r in rows}
-    ratios = {f"cpu_per_token_vs_bare_c{c}": round(by["tracekit", c]["cpu_s_per_1k_tokens"]
-                                                   / by["bare", c]["cpu_s_per_1k_tokens"], 3) for c in plan}
+    cpu = lambda name, c: by[name, c]["cpu_s_per_1k_tokens"]
+    ratios = {f"cpu_per_token_vs_bare_c{c}": round(cpu("tracekit", c) / cpu("bare", c), 3) for c in plan}
+    ratios.update({f"cpu_per_token_vs_bare_lines_c{c}": round(cpu("tracekit", c) / cpu("bare-lines", c), 3)
+                   for c in plan})
+    # The floor: what json.loads alone costs on top of the leanest reader.
+    ratios.update({f"json_floor_vs_bare_c{c}": round(cpu("bare+json", c) / cpu("bare", c), 3) for c in plan})
     return {"bench": "capture", "quick": quick, "tokens_per_request": n_tokens, "topk": TOPK, **ratios,
             "target_cpu_per_token_vs_bare_c64": 1.5, "rows": rows}
 
@@ -190,7 +215,7 @@ def main() -> None:
                      r["tokens_per_s"]] for r in res["rows"]],
                    headers=["client", "conc", "requests", "tokens", "CPU s / 1k tok", "tok/s"]))
     for k, v in res.items():
-        if k.startswith("cpu_per_token_vs_bare"):
+        if k.startswith(("cpu_per_token_vs_bare", "json_floor")):
             print(f"{k}: {v}" + ("  (target <= 1.5)" if k.endswith("c64") else ""))
 
 

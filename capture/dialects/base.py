@@ -139,9 +139,12 @@ def _ids_of(strs: list, to_ids) -> np.ndarray:
     """Token strings -> ids: vLLM's "token_id:N" in bulk, else the tokenizer, else -1."""
     if not strs:
         return np.zeros(0, np.int64)
-    joined = "\x00".join(strs)
-    if joined.count(_TID) == len(strs) and all(s[:9] == _TID for s in (strs[0], strs[-1])):
-        return np.array(joined.replace(_TID, "").split("\x00"), dtype=np.int64)
+    joined = " ".join(strs)
+    if joined.count(_TID) == len(strs) and strs[0][:9] == _TID and strs[-1][:9] == _TID:
+        # C-speed parse of "N N N ..." (about 1 us per token at k=20, vs 2-5 us for int() per string).
+        out = np.fromstring(joined.replace(_TID, ""), dtype=np.int64, sep=" ")
+        if len(out) == len(strs):
+            return out
     if to_ids is not None:
         return np.asarray(to_ids(strs), np.int64)
     return np.full(len(strs), -1, np.int64)
