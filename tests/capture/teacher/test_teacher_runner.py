@@ -38,7 +38,7 @@ def test_fp32_histories_agree_with_a_plain_forward(random_model_dir):
         assert torch.equal(logits.argmax(-1), plain.argmax(-1)), label
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_shared_prefixes_are_bitwise_identical_to_running_each_history_alone(random_model_dir, dtype):
     """The trie shares a forward between histories only when it is the same
     computation; a forked cache must not leak one branch into another."""
