@@ -26,6 +26,8 @@ def render(engine, cfg) -> str:
         ("decode_steps_total", "counter", "Batched decode forwards run.", c.decode_steps),
         ("decode_rows_total", "counter", "Rows over all decode forwards (rows/steps = mean batch).",
          c.decode_rows),
+        ("engine_busy_seconds_total", "counter", "Wall seconds the owner loop spent in prefill and decode.",
+         round(c.busy_s, 6)),
     ]
     out = []
     for name, kind, help_, val in rows:

@@ -73,13 +73,14 @@ class ModelRunner:
         self.max_context = min(max_context or min(limit, 4096), limit)
         self.slots = slots
         self.eos_ids = self._eos_ids(path)
-        # KV per layer: [slots, Hkv, max_context, D], model dtype.
-        shape = (slots, self.n_kv, self.max_context, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=self.model.dtype, device=self.device) for _ in range(self.n_layers)]
-        self.v = [torch.zeros(shape, dtype=self.model.dtype, device=self.device) for _ in range(self.n_layers)]
+        # All KV in one buffer, so a decode step gathers every layer's padded batch in one op:
+        # [slots, layers, 2 (K, V), Hkv, max_context, D], model dtype.
+        self.kv = torch.zeros(slots, self.n_layers, 2, self.n_kv, self.max_context, self.head_dim,
+                              dtype=self.model.dtype, device=self.device)
         # transformers 5.2x renamed the forward keyword `past_key_values` to `cache`.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._batch: _Batch | None = None  # the running decode batch; dropped when any slot is refilled
         self.model_type = str(getattr(cfg, "model_type", "?"))
 
     def _eos_ids(self, path: Path) -> list[int]:
@@ -103,60 +104,118 @@ class ModelRunner:
         """Run tokens[start:] on top of the slot's KV [0, start). Returns last-position logits [1, V]."""
         from transformers import DynamicCache
 
+        self._batch = None
         cache = DynamicCache()
         if start > 0:
             for layer in range(self.n_layers):
-                cache.update(self.k[layer][slot:slot + 1, :, :start], self.v[layer][slot:slot + 1, :, :start], layer)
+                kv = self.kv[slot, layer, :, :, :start]  # [2, Hkv, start, D]
+                cache.update(kv[0][None], kv[1][None], layer)
         ids = torch.tensor([tokens[start:]], device=self.device)
         pos = torch.arange(start, len(tokens), device=self.device)[None]
         logits = self._forward(ids, pos, None, cache)
         n = len(tokens)
         for layer, cl in enumerate(cache.layers):
-            self.k[layer][slot, :, start:n] = cl.keys[0, :, start:n]
-            self.v[layer][slot, :, start:n] = cl.values[0, :, start:n]
+            self.kv[slot, layer, 0, :, start:n] = cl.keys[0, :, start:n]
+            self.kv[slot, layer, 1, :, start:n] = cl.values[0, :, start:n]
         return logits
 
     @torch.inference_mode()
     def decode(self, slots: list[int], lengths: list[int], next_ids: list[int]) -> torch.Tensor:
         """One batched decode step. Row i feeds next_ids[i] at position lengths[i] of slot slots[i].
 
-        Returns logits [B, V]; each slot's KV grows by one position.
+        Returns logits [B, V]; each slot's KV grows by one position. While the batch keeps its
+        rows, its left-padded KV persists between steps and grows in place (no per-step copy).
         """
-        from transformers import DynamicCache
-
-        b, lmax = len(slots), max(lengths)
-        mask = torch.zeros(b, lmax + 1, dtype=torch.long, device=self.device)
-        cache = DynamicCache()
-        for layer in range(self.n_layers):
-            kb = torch.zeros(b, self.n_kv, lmax, self.head_dim, dtype=self.model.dtype, device=self.device)
-            vb = torch.zeros_like(kb)
-            for i, (s, n) in enumerate(zip(slots, lengths)):  # left-pad: row i's KV ends at lmax
-                kb[i, :, lmax - n:] = self.k[layer][s, :, :n]
-                vb[i, :, lmax - n:] = self.v[layer][s, :, :n]
-            cache.update(kb, vb, layer)
-        for i, n in enumerate(lengths):
-            mask[i, lmax - n:] = 1
-        ids = torch.tensor(next_ids, device=self.device)[:, None]
-        pos = torch.tensor(lengths, device=self.device)[:, None]
-        logits = self._forward(ids, pos, mask, cache)
-        si = torch.tensor(slots, device=self.device)
-        li = torch.tensor(lengths, device=self.device)
-        for layer, cl in enumerate(cache.layers):
-            self.k[layer][si, :, li] = cl.keys[:, :, -1]  # [B, Hkv, D]
-            self.v[layer][si, :, li] = cl.values[:, :, -1]
+        b = self._batch
+        if b is None or b.slots != tuple(slots) or b.lengths != list(lengths) or b.n + 1 > b.cap:
+            b = self._batch = self._build_batch(slots, lengths)
+        dev = self.device
+        b.mask[:, b.n] = 1
+        cache = b.cache()
+        li = torch.tensor(lengths, device=dev)
+        ids = torch.tensor(next_ids, device=dev)[:, None]
+        logits = self._forward(ids, li[:, None], b.mask[:, :b.n + 1], cache)
+        # Keep the slot buffers current (prefix cache, rebuilds): one [B, L, 2, Hkv, D] scatter.
+        new = b.kv[:, :, :, :, b.n].permute(2, 0, 1, 3, 4)  # [L, 2, B, Hkv, D] -> [B, L, 2, Hkv, D]
+        self.kv[torch.tensor(slots, device=dev), :, :, :, li] = new
+        b.n += 1
+        b.lengths = [n + 1 for n in lengths]
         return logits
+
+    def _build_batch(self, slots: list[int], lengths: list[int]) -> "_Batch":
+        """Gather the slots' KV left-padded to the longest, with headroom to grow in place."""
+        bsz, lmax, dev = len(slots), max(lengths), self.device
+        cap = min(lmax + 64, self.max_context)
+        si, li = torch.tensor(slots, device=dev), torch.tensor(lengths, device=dev)
+        # Row i's column j < lmax holds slot position j - (lmax - n_i); padding gathers position 0
+        # (any finite value works: the mask gives it zero weight).
+        src = torch.arange(lmax, device=dev)[None, :] - (lmax - li)[:, None]          # [B, lmax]
+        kv = torch.zeros(self.n_layers, 2, bsz, self.n_kv, cap, self.head_dim, dtype=self.model.dtype, device=dev)
+        kv[..., :lmax, :] = self.kv[si[:, None], :, :, :, src.clamp(min=0)].permute(2, 3, 0, 4, 1, 5)
+        mask = torch.zeros(bsz, cap, dtype=torch.long, device=dev)
+        mask[:, :lmax] = (src >= 0).long()
+        return _Batch(tuple(slots), list(lengths), kv, mask, lmax, cap)
 
     def kv_slice(self, slot: int, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of the slot's KV for positions [start, end): per layer [Hkv, end-start, D]."""
-        return ([self.k[layer][slot, :, start:end].clone() for layer in range(self.n_layers)],
-                [self.v[layer][slot, :, start:end].clone() for layer in range(self.n_layers)])
+        return ([self.kv[slot, layer, 0, :, start:end].clone() for layer in range(self.n_layers)],
+                [self.kv[slot, layer, 1, :, start:end].clone() for layer in range(self.n_layers)])
 
     def load_kv(self, slot: int, start: int, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
         """Write per-layer KV blocks [Hkv, n, D] into the slot at positions [start, start+n)."""
         n = ks[0].shape[1]
+        self._batch = None
         for layer in range(self.n_layers):
-            self.k[layer][slot, :, start:start + n] = ks[layer]
-            self.v[layer][slot, :, start:start + n] = vs[layer]
+            self.kv[slot, layer, 0, :, start:start + n] = ks[layer]
+            self.kv[slot, layer, 1, :, start:start + n] = vs[layer]
+
+
+class _Batch:
+    """A decode batch's KV: [L, 2, B, Hkv, cap, D], rows left-padded so all end at column n."""
+
+    def __init__(self, slots, lengths, kv, mask, n, cap):
+        self.slots, self.lengths, self.kv, self.mask, self.n, self.cap = slots, lengths, kv, mask, n, cap
+
+    def cache(self):
+        """A DynamicCache whose layers append in place into this batch's buffer."""
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        cache.layers[:] = [_SlabLayer(self.kv[layer, 0], self.kv[layer, 1], self.n)
+                           for layer in range(self.kv.shape[0])]
+        return cache
+
+
+def _slab_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class SlabLayer(DynamicLayer):
+        """A DynamicLayer over a preallocated [B, Hkv, cap, D] buffer: update writes in place."""
+
+        def __init__(self, kbuf, vbuf, n):
+            super().__init__()
+            self.kbuf, self.vbuf, self.n = kbuf, vbuf, n
+            self.keys, self.values = kbuf[:, :, :n], vbuf[:, :, :n]
+            self.is_initialized, self.device = True, kbuf.device
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            t = key_states.shape[-2]
+            self.kbuf[:, :, self.n:self.n + t] = key_states
+            self.vbuf[:, :, self.n:self.n + t] = value_states
+            self.n += t
+            self.keys, self.values = self.kbuf[:, :, :self.n], self.vbuf[:, :, :self.n]
+            return self.keys, self.values
+
+    return SlabLayer
+
+
+_SLAB = None
+
+
+def _SlabLayer(kbuf, vbuf, n):
+    global _SLAB
+    if _SLAB is None:
+        _SLAB = _slab_layer_class()
+    return _SLAB(kbuf, vbuf, n)
 
 
 def select(logits: torch.Tensor, k: int, temperature: list[float], gens: list) -> StepOutput:

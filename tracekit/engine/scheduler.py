@@ -5,8 +5,11 @@ cancelled requests, admit waiting requests into free slots (one prefill
 forward each, reusing the longest cached block-aligned prefix), then run ONE
 batched decode forward over every active slot. New requests therefore join
 between decode steps (continuous batching). Results leave through each
-request's `emit` callback, which must be thread-safe (the HTTP server passes
-`loop.call_soon_threadsafe`). The loop knows nothing about text or HTTP.
+request's `emit` callback. With `post` unset, `emit` is called on the loop
+thread and must be thread-safe; with `post` set (the HTTP server passes its
+event loop's `call_soon_threadsafe`), one step's events for all rows travel in
+ONE posted call and `emit` runs on the poster's side. The loop knows nothing
+about text or HTTP.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -70,13 +74,15 @@ class Counters:
     prefills: int = 0
     decode_steps: int = 0
     decode_rows: int = 0
+    busy_s: float = 0.0     # wall seconds the owner loop spent admitting and decoding
 
 
 class Engine:
     """Owns the runner. Call start(); submit() and cancel() are safe from any thread."""
 
-    def __init__(self, runner: ModelRunner, prefix_cache: PrefixCache | None):
-        self.runner, self.cache = runner, prefix_cache
+    def __init__(self, runner: ModelRunner, prefix_cache: PrefixCache | None,
+                 post: Callable[[Callable[[], None]], None] | None = None, threads: int = 0):
+        self.runner, self.cache, self.post, self.threads = runner, prefix_cache, post, threads
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque[GenRequest] = collections.deque()
         self.active: list[GenRequest] = []
@@ -107,9 +113,13 @@ class Engine:
                 "slots_busy": self.runner.slots - len(self.free_slots), "slots": self.runner.slots}
 
     def _loop(self) -> None:
+        if self.threads:  # OpenMP thread counts are per calling thread: set it where forwards run
+            import torch
+            torch.set_num_threads(self.threads)
         while not self._stop.is_set():
             self._drain(block=not self.active and not self.waiting)
             self._reap()
+            t0 = time.perf_counter()
             try:
                 self._admit()
                 if self.active:
@@ -119,7 +129,8 @@ class Engine:
                 for r in list(self.active):
                     self._release(r)
                     self.counters.errors += 1
-                    r.emit(ErrorEvent(f"engine error: {type(e).__name__}: {e}"))
+                    self._deliver([(r, ErrorEvent(f"engine error: {type(e).__name__}: {e}"))])
+            self.counters.busy_s += time.perf_counter() - t0
 
     def _drain(self, block: bool) -> None:
         try:
@@ -189,6 +200,7 @@ class Engine:
     def _emit_step(self, rows: list[GenRequest], logits) -> None:
         k = max(r.logprobs for r in rows)
         out = select(logits, k, [r.temperature for r in rows], [r.generator for r in rows])
+        events = []
         for i, r in enumerate(rows):
             tok = int(out.chosen[i])
             r.next_id, r.generated = tok, r.generated + 1
@@ -202,6 +214,14 @@ class Engine:
                 self._release(r)
                 self.counters.finished[reason] += 1
             n = r.logprobs
-            r.emit(TokenEvent(tok, float(out.chosen_logprob[i]), float(out.chosen_logit[i]),
-                              out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(),
-                              out.top_logits[i, :n].tolist(), reason))
+            events.append((r, TokenEvent(tok, float(out.chosen_logprob[i]), float(out.chosen_logit[i]),
+                                         out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(),
+                                         out.top_logits[i, :n].tolist(), reason)))
+        self._deliver(events)
+
+    def _deliver(self, events: list) -> None:
+        if self.post is None:
+            for r, ev in events:
+                r.emit(ev)
+        else:  # one wake-up of the consumer's event loop per step, not one per row
+            self.post(lambda: [r.emit(ev) for r, ev in events])

@@ -53,7 +53,7 @@ def json_error(status: int, message: str, err_type: str = "invalid_request_error
 
 class App:
     def __init__(self, cfg: ServeConfig):
-        self.cfg, self.engine, self.runner = cfg, None, None
+        self.cfg, self.engine, self.runner, self.loop = cfg, None, None, None
         self.name = cfg.served_name or os.path.basename(os.path.normpath(cfg.model_dir))
         self.started = int(time.time())
 
@@ -71,7 +71,7 @@ class App:
         c = self.cfg
         self.runner = ModelRunner(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
         cache = PrefixCache(c.block_size, c.cache_blocks, c.fault) if c.prefix_cache else None
-        self.engine = Engine(self.runner, cache)
+        self.engine = Engine(self.runner, cache, post=self.loop.call_soon_threadsafe, threads=c.threads)
         self.engine.start()
 
     def meta(self) -> dict:
@@ -127,10 +127,10 @@ class App:
             p = parse_completion(body, self.runner.tokenizer, self.runner.vocab_size, self.runner.max_context)
         except BadRequest as e:
             return web.json_response(e.body(), status=e.status)
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        events = asyncio.Queue()
         req = GenRequest(prompt_ids=list(p.prompt_ids), max_tokens=p.max_tokens, logprobs=p.logprobs or 0,
                          temperature=p.temperature, seed=p.seed, ignore_eos=p.ignore_eos,
-                         emit=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+                         emit=events.put_nowait)
         self.engine.submit(req)
         try:
             if p.stream:
@@ -146,19 +146,21 @@ class App:
 
     async def _collect(self, p, req, events):
         text, lp = TextStream(self.runner.tokenizer, p.stop), LogprobsBuilder(p, self._token_str(p))
-        ids, finish, stop_reason = [], None, None
+        ids, finish, stop_reason, want_lp = [], None, None, self._want_lp(p)
         while finish is None:
             ev = await events.get()
             if isinstance(ev, ErrorEvent):
                 return json_error(500, ev.message, "server_error")
-            _, off = text.push(ev.token_id)
             ids.append(ev.token_id)
-            lp.add(ev, off)
+            if want_lp or p.stop:  # per-token text only when offsets or stop strings need it
+                _, off = text.push(ev.token_id)
+                if want_lp:
+                    lp.add(ev, off)
             finish = ev.finish  # EOS or length: stop_reason stays None, as in vLLM
             if text.stop_hit:
                 finish, stop_reason = "stop", text.stop_hit
-        text.flush()
-        choice = {"index": 0, "text": text.text, "logprobs": lp.build() if self._want_lp(p) else None,
+        out_text = text.text if (want_lp or p.stop) else self.runner.tokenizer.decode(ids, skip_special_tokens=True)
+        choice = {"index": 0, "text": out_text, "logprobs": lp.build() if want_lp else None,
                   "finish_reason": finish, "stop_reason": stop_reason}
         if p.return_token_ids:
             choice.update(token_ids=ids, prompt_token_ids=list(p.prompt_ids))
@@ -224,6 +226,10 @@ def build_app(app: App) -> web.Application:
 async def serve(cfg: ServeConfig) -> None:
     """Listen, announce the address on stderr, load the model, serve until SIGINT/SIGTERM."""
     app = App(cfg)
+    app.loop = asyncio.get_running_loop()
+    # The owner thread is Python-bound at small model sizes; with the default 5 ms GIL switch
+    # interval the HTTP thread waits whole intervals to hand over each step's events.
+    sys.setswitchinterval(0.0005)
     runner = web.AppRunner(build_app(app), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
