@@ -181,16 +181,24 @@ def main(argv=None) -> int:
         for s in seq_lens:
             cell = {"config": name, **bench_cell(lm, s, batch, a.gen, a.histories, repeats)}
             result["cells"].append(cell)
+            if a.out_json:  # after every cell, so a run cut short still leaves its figures
+                _summarise(result)
+                Path(a.out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
             print(f"{name} seq {s}: vs_independent_forwards {cell['vs_independent_forwards']}", file=sys.stderr)
         del lm
         if cuda:
             torch.cuda.empty_cache()
-    result["vs_independent_forwards"] = max(c["vs_independent_forwards"] for c in result["cells"])
-    result["tokens_per_s"] = {f"{c['config']}@{c['seq_len']}": c["tokens_per_s"] for c in result["cells"]}
+    _summarise(result)
     if a.out_json:
         Path(a.out_json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(json.dumps(result, sort_keys=True) if a.json else table(result))
     return 0
+
+
+def _summarise(result: dict) -> None:
+    cells = result["cells"]
+    result["vs_independent_forwards"] = max(c["vs_independent_forwards"] for c in cells)
+    result["tokens_per_s"] = {f"{c['config']}@{c['seq_len']}": c["tokens_per_s"] for c in cells}
 
 
 def table(result: dict) -> str:
