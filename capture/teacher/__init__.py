@@ -60,6 +60,8 @@ def run_from_options(*, teacher_forced: str, out: str | None, history: str = "fu
         raise ConfigError("--teacher-forced needs --out FILE.h5")
     if (from_path is None) == (prompts is None):
         raise ConfigError("--teacher-forced needs exactly one of --from TRACE or --prompts FILE")
+    if keys and from_path is None:
+        raise ConfigError("--keys selects requests of --from TRACE; with --prompts, edit the prompt file instead")
     if prompts is not None and not (max_tokens and max_tokens > 0):
         raise ConfigError("--prompts needs --max-tokens N (N >= 1): the number of tokens to generate greedily")
     if attn not in ("sdpa", "eager"):
