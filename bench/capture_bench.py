@@ -71,15 +71,22 @@ def serve(port_file: str, n_tokens: int) -> None:
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for e in events:
-            await resp.write(e)
+        if request.path.startswith("/coalesced/"):
+            await resp.write(body)  # the whole response at once: one or two TCP reads client-side
+        else:
+            for e in events:
+                await resp.write(e)
+                # Let the event go out before the next one, as an engine emits one event per
+                # decode step; back-to-back writes would coalesce into a few big TCP segments.
+                await asyncio.sleep(0)
         await resp.write_eof()
         return resp
 
     async def main():
         app = web.Application()
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/completions", completions)
+        for prefix in ("", "/coalesced"):
+            app.router.add_get(prefix + "/v1/models", models)
+            app.router.add_post(prefix + "/v1/completions", completions)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -170,27 +177,31 @@ def run(quick: bool) -> dict:
         for mode in ("chunks", "lines", "json"):
             asyncio.run(bare_client(url, 4, 2, mode))
         rows = []
-        for c, n in plan.items():
-            for name, fn in (("bare", lambda: asyncio.run(bare_client(url, n, c))),
-                             ("bare-lines", lambda: asyncio.run(bare_client(url, n, c, "lines"))),
-                             ("bare+json", lambda: asyncio.run(bare_client(url, n, c, "json"))),
-                             ("tracekit", lambda: tracekit_client(url, n, c, tmp))):
-                cpu, wall, tokens = measure(fn)
-                assert tokens == n * n_tokens, (name, tokens)
-                rows.append({"client": name, "concurrency": c, "requests": n, "tokens": tokens,
-                             "cpu_s": round(cpu, 4), "wall_s": round(wall, 4),
-                             "cpu_s_per_1k_tokens": round(1000 * cpu / tokens, 5),
-                             "tokens_per_s": round(tokens / wall, 1)})
+        for regime, base in (("per-event", url), ("coalesced", url + "/coalesced")):
+            for c, n in plan.items():
+                for name, fn in (("bare", lambda: asyncio.run(bare_client(base, n, c))),
+                                 ("bare-lines", lambda: asyncio.run(bare_client(base, n, c, "lines"))),
+                                 ("bare+json", lambda: asyncio.run(bare_client(base, n, c, "json"))),
+                                 ("tracekit", lambda: tracekit_client(base, n, c, tmp))):
+                    cpu, wall, tokens = measure(fn)
+                    assert tokens == n * n_tokens, (name, tokens)
+                    rows.append({"regime": regime, "client": name, "concurrency": c, "requests": n,
+                                 "tokens": tokens, "cpu_s": round(cpu, 4), "wall_s": round(wall, 4),
+                                 "cpu_s_per_1k_tokens": round(1000 * cpu / tokens, 5),
+                                 "tokens_per_s": round(tokens / wall, 1)})
     finally:
         srv.terminate()
         srv.wait(10)
-    by = {(r["client"], r["concurrency"]): r for r in rows}
-    cpu = lambda name, c: by[name, c]["cpu_s_per_1k_tokens"]
-    ratios = {f"cpu_per_token_vs_bare_c{c}": round(cpu("tracekit", c) / cpu("bare", c), 3) for c in plan}
-    ratios.update({f"cpu_per_token_vs_bare_lines_c{c}": round(cpu("tracekit", c) / cpu("bare-lines", c), 3)
-                   for c in plan})
-    # The floor: what json.loads alone costs on top of the leanest reader.
-    ratios.update({f"json_floor_vs_bare_c{c}": round(cpu("bare+json", c) / cpu("bare", c), 3) for c in plan})
+    by = {(r["regime"], r["client"], r["concurrency"]): r["cpu_s_per_1k_tokens"] for r in rows}
+    ratios = {}
+    for regime, tag in (("per-event", ""), ("coalesced", "coalesced_")):
+        for c in plan:
+            ratios[f"{tag}cpu_per_token_vs_bare_c{c}"] = round(by[regime, "tracekit", c] / by[regime, "bare", c], 3)
+        for c in plan:
+            ratios[f"{tag}cpu_per_token_vs_bare_lines_c{c}"] = round(
+                by[regime, "tracekit", c] / by[regime, "bare-lines", c], 3)
+        for c in plan:  # the floor: json.loads alone on top of the leanest reader
+            ratios[f"{tag}json_floor_vs_bare_c{c}"] = round(by[regime, "bare+json", c] / by[regime, "bare", c], 3)
     return {"bench": "capture", "quick": quick, "tokens_per_request": n_tokens, "topk": TOPK, **ratios,
             "target_cpu_per_token_vs_bare_c64": 1.5, "rows": rows}
 
@@ -211,12 +222,12 @@ def main() -> None:
         return
     from tabulate import tabulate
 
-    print(tabulate([[r["client"], r["concurrency"], r["requests"], r["tokens"], r["cpu_s_per_1k_tokens"],
-                     r["tokens_per_s"]] for r in res["rows"]],
-                   headers=["client", "conc", "requests", "tokens", "CPU s / 1k tok", "tok/s"]))
+    print(tabulate([[r["regime"], r["client"], r["concurrency"], r["requests"], r["tokens"],
+                     r["cpu_s_per_1k_tokens"], r["tokens_per_s"]] for r in res["rows"]],
+                   headers=["regime", "client", "conc", "requests", "tokens", "CPU s / 1k tok", "tok/s"]))
     for k, v in res.items():
-        if k.startswith(("cpu_per_token_vs_bare", "json_floor")):
-            print(f"{k}: {v}" + ("  (target <= 1.5)" if k.endswith("c64") else ""))
+        if "_vs_bare" in k:
+            print(f"{k}: {v}" + ("  (target <= 1.5)" if k == "cpu_per_token_vs_bare_c64" else ""))
 
 
 if __name__ == "__main__":
