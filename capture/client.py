@@ -102,9 +102,9 @@ async def send(session: aiohttp.ClientSession, base_url: str, dialect: Dialect, 
             if resp.status != 200:
                 text = await resp.text(errors="replace")
                 status, error = "error", f"HTTP {resp.status}: {text[:ERROR_EXCERPT]}"
-            elif spec.stream:
+            elif spec.stream and resp.content_type != "application/json":
                 await _read_stream(resp, dialect, acc, clock)
-            else:
+            else:  # asked not to stream, or the server answered a stream request with one JSON body
                 raw = await resp.read()
                 try:
                     obj = json.loads(raw)

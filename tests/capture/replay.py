@@ -139,7 +139,10 @@ class ReplayServer:
                                                 "code": 500}}, status=500)
         self._n += 1
         rng = random.Random(self.seed * 1000 + self._n)
-        resp = web.StreamResponse(status=t.status, headers={"Content-Type": t.headers.get("content-type", "")})
+        # The recorded headers, minus framing (aiohttp frames the re-chunked body itself).
+        heads = {k: v for k, v in t.headers.items()
+                 if k not in ("content-length", "transfer-encoding", "connection", "date")}
+        resp = web.StreamResponse(status=t.status, headers=heads)
         await resp.prepare(request)
         payload = self._faulted(t, fault)
         if fault in ("cut", "reset", "stall"):
