@@ -248,12 +248,7 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
             await asyncio.sleep(max(0.0, at - clock()))
         async with sem:
             outcome, acc = await send(session, base, dialect, spec, clock, started)
-        outcome = finish(outcome, acc, k, raw, mapper)
-        if outcome.tokens is not None and outcome.record.status == "ok" and (outcome.tokens.token_id < 0).any():
-            unknown = int((outcome.tokens.token_id < 0).sum())
-            why = "pass --tokenizer DIR" if mapper is None else f"not in the vocabulary of {cfg.tokenizer}"
-            outcome = Outcome(_note(outcome.record, f"token ids unknown for {unknown} tokens: the engine sent "
-                                                    f"token strings only; {why}"), outcome.tokens, outcome.prompt_ids)
+        outcome = _flag_unknown_ids(finish(outcome, acc, k, raw, mapper), cfg.tokenizer)
         pending.append(outcome)
         finished.add(spec.key)
         counts[outcome.record.status] += 1
@@ -264,6 +259,8 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
             asyncio.get_running_loop().call_soon(write_pending)
 
     def write_pending() -> None:
+        if not pending:
+            return
         batch = pending[:]
         pending.clear()
         writer.append_many([(o.record, o.tokens, o.prompt_ids) for o in batch])
@@ -275,13 +272,7 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
         for t in tasks:
             t.cancel()
         write_pending()
-        # In-flight requests become `cancelled` rows; unsent ones stay missing (--resume runs them).
-        for s in specs:
-            if s.key in started and s.key not in finished:
-                writer.append(RequestRecord(key=s.key, prompt_hash=prompt_hash(s.prompt), status="cancelled",
-                                            error="capture interrupted", t_sent_s=started[s.key],
-                                            t_done_s=clock()), None, None, flush=False)
-        writer.flush()
+        _write_cancelled(writer, [s for s in specs if s.key in started and s.key not in finished], started, clock())
         raise
     finally:
         prog.close()
@@ -289,8 +280,22 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
     return counts, prog.tokens
 
 
-def _note(rec: RequestRecord, msg: str) -> RequestRecord:
-    return dataclasses.replace(rec, error=msg)
+def _write_cancelled(writer: TraceWriter, specs: list[RequestSpec], started: dict, now: float) -> None:
+    """In-flight requests of an interrupted run become `cancelled` rows; unsent ones stay
+    missing (--resume runs them)."""
+    writer.append_many([(RequestRecord(key=s.key, prompt_hash=prompt_hash(s.prompt), status="cancelled",
+                                       error="capture interrupted", t_sent_s=started[s.key], t_done_s=now),
+                         None, None) for s in specs])
+
+
+def _flag_unknown_ids(outcome: Outcome, tokenizer: str | None) -> Outcome:
+    """An ok row whose engine sent strings we could not map keeps status ok, with a note."""
+    toks = outcome.tokens
+    if toks is None or outcome.record.status != "ok" or not (toks.token_id < 0).any():
+        return outcome
+    why = f"not in the vocabulary of {tokenizer}" if tokenizer else "pass --tokenizer DIR"
+    note = f"token ids unknown for {int((toks.token_id < 0).sum())} tokens: the engine sent token strings only; {why}"
+    return Outcome(dataclasses.replace(outcome.record, error=note), toks, outcome.prompt_ids)
 
 
 def _arrival_times(n: int, rate: float | None, seed: int) -> list[float]:
