@@ -11,5 +11,5 @@ FIXED = {
 }
 RAGGED = ("key", "error", "history", "params", "prompt_text")
 REQ_CHUNK = 256
-TOK_CHUNK_ROWS = 1 << 14    # 1-D token columns: 16K rows a chunk (64 KiB of int32)
-TOPK_CHUNK_BYTES = 1 << 18  # [N, k] columns: about 256 KiB a chunk
+TOK_CHUNK_ROWS = 1 << 16    # 1-D token columns: 64K rows a chunk (256 KiB of int32)
+TOPK_CHUNK_BYTES = 1 << 20  # [N, k] columns: about 1 MiB a chunk (small traces: see expected_tokens)

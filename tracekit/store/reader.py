@@ -52,12 +52,17 @@ def _first_line(err: BaseException) -> str:
 
 
 def _read_ragged(group: h5py.Group, name: str, n: int) -> np.ndarray:
-    end = group[f"{name}_end"][:n]
-    data = group[f"{name}_bytes"][: int(end[-1]) if n else 0].tobytes()
-    starts = np.concatenate([[0], end[:-1]]) if n else end
+    end = group[f"{name}_end"][:n].tolist()
+    data = group[f"{name}_bytes"][: end[-1] if n else 0].tobytes()
+    starts = [0] + end[:-1]
     out = np.empty(n, dtype=object)
-    for i, (s, e) in enumerate(zip(starts.tolist(), end.tolist())):
-        out[i] = data[s:e].decode("utf-8")
+    text = data.decode("utf-8")
+    if not text:  # most ragged columns (error, history, prompt_text) are empty in most traces
+        out[:] = ""
+    elif len(text) == len(data):  # ASCII: byte offsets are character offsets, slice the str
+        out[:] = [text[s:e] for s, e in zip(starts, end)]
+    else:
+        out[:] = [data[s:e].decode("utf-8") for s, e in zip(starts, end)]
     return out
 
 
