@@ -1,0 +1,94 @@
+"""Start and stop one engine configuration (target x dtype x prefix cache) for a matrix run.
+
+`serve` targets run `python -m tracekit serve --port 0 ARGS --dtype D
+[--no-prefix-cache]` through `tracekit.engine.process.start_engine`;
+`command` targets run any command line (placeholders {port} and {dtype}) and
+poll `url + ready_path`; `url` targets are a running server that is only
+polled for readiness. The engine's log goes to DIR/engines/<engine_id>.log
+and its self-report (GET /v1/models) beside it; both stay, pass or fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracekit.engine.process import EngineProcess, start_engine
+from tracekit.errors import EngineError
+
+from .matrix import Cell, Target
+
+
+@dataclass
+class RunningEngine:
+    engine_id: str
+    url: str
+    command: list[str] | None          # None for a `url` target (not started by us)
+    log_path: str | None
+    proc: EngineProcess | None
+    startup_s: float
+
+    def stop(self) -> int | None:
+        return self.proc.stop() if self.proc is not None else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_url(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.5)
+    raise EngineError(f"{url} did not answer 200 within {timeout_s:g} s ({last})")
+
+
+def command_for(t: Target, cell: Cell, port: int | None = None) -> list[str]:
+    """The exact command line a cell's engine runs with (`serve` targets: the args after `tracekit serve`)."""
+    dtype = str(t.dtype_map.get(cell.dtype, cell.dtype))
+    cache = list(t.cache_on_args if cell.prefix_cache else t.cache_off_args)
+    if t.kind == "tracekit":
+        return [*t.args, "--dtype", dtype, *cache, *([] if cell.prefix_cache else ["--no-prefix-cache"])]
+    return [a.format(port=port, dtype=dtype) for a in t.args] + cache
+
+
+def start(t: Target, cell: Cell, log_dir: Path, ready_timeout_s: float) -> RunningEngine:
+    """Start (or, for a `url` target, wait for) the engine of `cell`. Raises EngineError."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = str(log_dir / f"{cell.engine_id}.log")
+    t0 = time.perf_counter()
+    if t.kind == "url":
+        _wait_url(t.url.rstrip("/") + t.ready_path, ready_timeout_s)
+        return RunningEngine(cell.engine_id, t.url.rstrip("/"), None, None, None, time.perf_counter() - t0)
+    env = {**os.environ, **{k: str(v) for k, v in t.env.items()}}
+    if t.kind == "tracekit":
+        eng = start_engine(command_for(t, cell), timeout_s=ready_timeout_s, log_path=log, env=env)
+    else:
+        port = _free_port()
+        cmd = command_for(t, cell, port)
+        eng = EngineProcess.from_command(cmd, t.url.format(port=port), t.ready_path, ready_timeout_s, log, env)
+    return RunningEngine(cell.engine_id, eng.url, list(eng.command), log, eng, time.perf_counter() - t0)
+
+
+def self_report(url: str) -> dict:
+    """GET /v1/models (the engine's own description); {"error": ...} when it has none."""
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+            return {"status": r.status, "v1_models": json.loads(r.read())}
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}

@@ -1,0 +1,243 @@
+"""Matrix files (TOML, docs/runner.md): targets x prompt sets x axes -> cells.
+
+Parsing only: nothing here starts an engine or sends a request. Every error
+names the file and the offending key, and lists what is allowed. Relative
+paths (prompt sets, a target's model) are resolved against the matrix file's
+directory, so a matrix means the same thing from any working directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracekit.errors import ConfigError
+
+DTYPES = ("fp32", "bf16", "fp16")
+AXES = {"concurrency": int, "dtype": str, "prefix_cache": bool, "output_tokens": int, "prompts": str}
+TOP_KEYS = {"name", "description", "run", "checks", "axes", "target", "prompts"}
+RUN_KEYS = {"ignore_eos": bool, "top_logprobs": int, "timeout_s": (int, float), "ready_timeout_s": (int, float),
+            "repeats": int, "stream": bool}
+CHECK_KEYS = {"cancel_streams": int, "cancel_after_tokens": int, "drain_timeout_s": (int, float)}
+TARGET_KEYS = {"name", "serve", "model", "command", "url", "ready_path", "dtype_map", "cache_on_args",
+               "cache_off_args", "env", *AXES}
+PROMPT_KEYS = {"name", "path", "input_tokens"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One engine. Exactly one of: `serve` (tracekit serve args; the runner adds
+    --port 0, --dtype and --no-prefix-cache), `command` (any engine command line,
+    with {port} {dtype} placeholders, plus `url`), or `url` alone (a running server)."""
+
+    name: str
+    kind: str                            # "tracekit" | "command" | "url"
+    args: tuple[str, ...] = ()           # serve args, or the command template
+    url: str = ""                        # "command" (may hold {port}) and "url" targets
+    ready_path: str = "/health"
+    dtype_map: dict = field(default_factory=dict)   # matrix dtype -> the engine's spelling
+    cache_on_args: tuple[str, ...] = ()
+    cache_off_args: tuple[str, ...] = ()
+    env: dict = field(default_factory=dict)
+    axes: dict = field(default_factory=dict)        # per-target axis overrides
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    name: str
+    path: str
+    input_tokens: str = ""               # label for reports ("128", "40-61")
+
+
+@dataclass(frozen=True)
+class Settings:
+    ignore_eos: bool = True
+    top_logprobs: int = 20
+    timeout_s: float = 600.0
+    ready_timeout_s: float = 300.0
+    repeats: int = 1
+    stream: bool = True
+    cancel_streams: int = 0              # 0: min(concurrency, prompts)
+    cancel_after_tokens: int = 4         # disconnect after this many streamed tokens
+    drain_timeout_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class Cell:
+    target: str
+    dtype: str
+    prefix_cache: bool
+    prompts: str
+    output_tokens: int
+    concurrency: int
+
+    @property
+    def engine_id(self) -> str:
+        """The engine configuration: one engine process serves every cell with this id."""
+        return f"{self.target}.{self.dtype}.cache-{'on' if self.prefix_cache else 'off'}"
+
+    @property
+    def group_id(self) -> str:
+        """Cells sharing a serial baseline (they differ only in concurrency)."""
+        return f"{self.engine_id}.{self.prompts}.out{self.output_tokens}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.group_id}.c{self.concurrency}"
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "engine_id": self.engine_id, "group_id": self.group_id, "target": self.target,
+                "dtype": self.dtype, "prefix_cache": self.prefix_cache, "prompts": self.prompts,
+                "output_tokens": self.output_tokens, "concurrency": self.concurrency}
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: str
+    name: str
+    targets: tuple[Target, ...]
+    prompt_sets: tuple[PromptSet, ...]
+    axes: dict
+    settings: Settings
+    text: str                            # the file as read (copied into DIR)
+
+    def target(self, name: str) -> Target:
+        return next(t for t in self.targets if t.name == name)
+
+    def prompt_set(self, name: str) -> PromptSet:
+        return next(p for p in self.prompt_sets if p.name == name)
+
+    def cells(self) -> list[Cell]:
+        """Every cell, ordered so that cells of one engine configuration are adjacent."""
+        out = []
+        for t in self.targets:
+            ax = {**self.axes, **t.axes}
+            for dt, pc, pr, ot, c in itertools.product(ax["dtype"], ax["prefix_cache"], ax["prompts"],
+                                                       ax["output_tokens"], ax["concurrency"]):
+                out.append(Cell(t.name, dt, pc, pr, ot, c))
+        return out
+
+
+def _typed(where: str, key: str, value, typ):
+    ok = isinstance(value, typ) and not (typ in (int, (int, float)) and isinstance(value, bool))
+    if not ok:
+        want = typ.__name__ if isinstance(typ, type) else "number"
+        raise ConfigError(f"{where}: '{key}' must be a {want}, got {value!r}")
+    return value
+
+
+def _table(where: str, obj, allowed) -> dict:
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: expected a table")
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(sorted(allowed))}")
+    return obj
+
+
+def _axis(where: str, key: str, value) -> list:
+    vals = value if isinstance(value, list) else [value]
+    if not vals:
+        raise ConfigError(f"{where}: '{key}' is empty")
+    for v in vals:
+        _typed(where, key, v, AXES[key])
+    if key == "dtype" and any(v not in DTYPES for v in vals):
+        raise ConfigError(f"{where}: dtype {vals}: each must be one of {', '.join(DTYPES)}")
+    if key in ("concurrency", "output_tokens") and any(v < 1 for v in vals):
+        raise ConfigError(f"{where}: '{key}' values must be >= 1, got {vals}")
+    if len(set(vals)) != len(vals):
+        raise ConfigError(f"{where}: '{key}' lists a value twice: {vals}")
+    return vals
+
+
+def _strs(where: str, key: str, v) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(f"{where}: '{key}' must be a list of strings")
+    return tuple(v)
+
+
+def _target(where: str, t: dict, base: Path) -> Target:
+    _table(where, t, TARGET_KEYS)
+    name = t.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"{where}: 'name' must be a word of letters, digits, '_', '-', '.'")
+    kinds = [k for k in ("serve", "command") if k in t] or (["url"] if "url" in t else [])
+    if len(kinds) != 1:
+        raise ConfigError(f"{where} ({name}): give exactly one of 'serve' (tracekit serve args), "
+                          "'command' (+ 'url') or 'url' (a running server)")
+    kind = {"serve": "tracekit"}.get(kinds[0], kinds[0])
+    if kind == "command" and not isinstance(t.get("url"), str):
+        raise ConfigError(f"{where} ({name}): a 'command' target needs 'url' (may contain {{port}})")
+    args = _strs(where, kinds[0], t[kinds[0]]) if kind != "url" else ()
+    if "model" in t:
+        if kind != "tracekit":
+            raise ConfigError(f"{where} ({name}): 'model' is for 'serve' targets; put it in the command")
+        args = ("--model", str((base / _typed(where, "model", t["model"], str)).resolve())) + args
+    axes = {k: _axis(f"{where} ({name})", k, t[k]) for k in AXES if k in t}
+    if kind == "url" and (len(axes.get("dtype", [0, 0])) != 1 or len(axes.get("prefix_cache", [0, 0])) != 1):
+        raise ConfigError(f"{where} ({name}): a 'url' target is one fixed engine: set 'dtype' and "
+                          "'prefix_cache' to the single values it runs with")
+    return Target(name, kind, args, str(t.get("url", "")), str(t.get("ready_path", "/health")),
+                  dict(t.get("dtype_map", {})), _strs(where, "cache_on_args", t.get("cache_on_args", [])),
+                  _strs(where, "cache_off_args", t.get("cache_off_args", [])), dict(t.get("env", {})), axes)
+
+
+def _prompt_set(where: str, p: dict, base: Path) -> PromptSet:
+    _table(where, p, PROMPT_KEYS)
+    name, path = p.get("name"), p.get("path")
+    if not isinstance(name, str) or not _NAME.match(name) or not isinstance(path, str):
+        raise ConfigError(f"{where}: needs 'name' (a word) and 'path' (a JSONL prompt set)")
+    full = (base / path).resolve()
+    if not full.is_file():
+        raise ConfigError(f"{where} ({name}): prompt set {full} does not exist (paths are relative to the "
+                          "matrix file)")
+    return PromptSet(name, str(full), str(p.get("input_tokens", "")))
+
+
+def _settings(where: str, doc: dict) -> Settings:
+    run = _table(f"{where} [run]", doc.get("run", {}), RUN_KEYS)
+    chk = _table(f"{where} [checks]", doc.get("checks", {}), CHECK_KEYS)
+    vals = {k: _typed(f"{where} [run]", k, v, RUN_KEYS[k]) for k, v in run.items()}
+    vals.update({k: _typed(f"{where} [checks]", k, v, CHECK_KEYS[k]) for k, v in chk.items()})
+    s = Settings(**vals)
+    if s.repeats < 1 or s.top_logprobs < 0 or s.timeout_s <= 0 or s.cancel_after_tokens < 1:
+        raise ConfigError(f"{where}: repeats and cancel_after_tokens must be >= 1, top_logprobs >= 0, timeout_s > 0")
+    return s
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read, validate and resolve a matrix file; raises ConfigError naming the key at fault."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = tomllib.loads(text)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the matrix file ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    where, base = str(path), path.resolve().parent
+    _table(where, doc, TOP_KEYS)
+    targets = [_target(f"{where} [[target]] #{i + 1}", t, base) for i, t in enumerate(doc.get("target", []))]
+    psets = [_prompt_set(f"{where} [[prompts]] #{i + 1}", p, base) for i, p in enumerate(doc.get("prompts", []))]
+    if not targets or not psets:
+        raise ConfigError(f"{where}: needs at least one [[target]] and one [[prompts]] table")
+    for what, items in (("target", targets), ("prompts", psets)):
+        names = [x.name for x in items]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: two [[{what}]] tables share a name: {names}")
+    axes_doc = _table(f"{where} [axes]", doc.get("axes", {}), AXES)
+    axes = {"concurrency": [4], "dtype": ["fp32"], "prefix_cache": [True], "output_tokens": [32],
+            "prompts": [p.name for p in psets]}
+    axes.update({k: _axis(f"{where} [axes]", k, v) for k, v in axes_doc.items()})
+    known = {p.name for p in psets}
+    for t in targets:
+        unknown = set({**axes, **t.axes}["prompts"]) - known
+        if unknown:
+            raise ConfigError(f"{where}: prompts {sorted(unknown)} (target {t.name}) are not [[prompts]] "
+                              f"names; known: {sorted(known)}")
+    name = doc.get("name", path.stem)
+    return Matrix(str(path), str(name), tuple(targets), tuple(psets), axes, _settings(where, doc), text)
