@@ -218,7 +218,9 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
         _check_resumable(out, cfg)
         prev = _resume_source(out, cfg.resume)
         kept = 0
-        with TraceWriter(out, meta) as writer:
+        # Chunk-size hint: planned requests x max_tokens (a small run gets small files).
+        hint = sum(s.max_tokens for s in specs)
+        with TraceWriter(out, meta, expected_tokens=hint) as writer:
             if prev is not None:
                 with TraceReader(prev) as reader:
                     ok = _ok_rows(reader)

@@ -1,0 +1,161 @@
+"""PNG plots of a run directory (matplotlib, Agg backend, imported lazily):
+
+- classes.png: divergence classes across the matrix, a cell x class heatmap of pair counts;
+- gaps.png: at each divergence, the gap between the two competing tokens in the
+  reference trace (nats, log scale) against the position where it happened;
+- drift.png: chosen-token logprobs of one pair (baseline vs burst) along the
+  sequence, their |difference|, and the divergence position.
+
+Reads only DIR (cell.json, diff.json, traces). Never imports capture/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tracekit.store import TraceReader
+
+from .classify import CLASSES
+
+COLORS = {"identical": "#9e9e9e", "post_eos": "#8e24aa", "bf16_tie_flip": "#1e88e5", "cache_boundary": "#43a047",
+          "unexplained": "#e53935", "incomparable": "#fb8c00"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _diffs(root: Path, cells: list[dict]) -> list[tuple[dict, dict]]:
+    out = []
+    for c in cells:
+        p = root / c["diff"] if c.get("diff") else None
+        if p is not None and p.is_file():
+            out.append((c, json.loads(p.read_text())))
+    return out
+
+
+def _label(c: dict) -> str:
+    return f"{c['target']} {c['dtype']} cache-{'on' if c['prefix_cache'] else 'off'} c{c['concurrency']}"
+
+
+def heatmap(diffs: list[tuple[dict, dict]], out: Path) -> None:
+    plt = _plt()
+    counts = np.array([[d["summary"].get(k, 0) for k in CLASSES] for _, d in diffs], dtype=float)   # [cells, classes]
+    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(8.5, 0.42 * len(diffs) + 1.8))
+    ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    for i, j in np.ndindex(counts.shape):
+        bad = CLASSES[j] in ("unexplained", "incomparable") and counts[i, j] > 0
+        ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=9,
+                color="#b71c1c" if bad else ("white" if share[i, j] > 0.6 else "black"),
+                fontweight="bold" if bad else "normal")
+    ax.set_xticks(range(len(CLASSES)), [c.replace("_", " ") for c in CLASSES], rotation=20)
+    ax.set_yticks(range(len(diffs)), [_label(c) for c, _ in diffs], fontsize=8)
+    ax.set_title("Divergence classes per cell (pairs: serial baseline vs concurrent burst)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
+    """One point per divergent pair; returns how many were drawn."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    n = 0
+    for cls in CLASSES:
+        for marker, dtype in (("o", "bf16"), ("s", "fp32"), ("^", "fp16")):
+            pts = [(p["position"], abs(p["gap_a"])) for c, d in diffs if c["dtype"] == dtype for p in d["pairs"]
+                   if p["class"] == cls and p["position"] is not None and p["gap_a"] is not None]
+            if pts:
+                x, y = np.array(pts, dtype=float).T
+                ax.scatter(x, np.maximum(y, 1e-4), s=28, marker=marker, color=COLORS[cls], alpha=0.8,
+                           label=f"{cls} ({dtype.upper()}, {len(pts)})", edgecolors="black", linewidths=0.3)
+                n += len(pts)
+    ax.set_yscale("log")
+    ax.set_xlabel("generated position of the first differing token")
+    ax.set_ylabel("gap in the reference trace, nats\nlogprob(own token) − logprob(other token)")
+    ax.set_title("Top-2 gap at each divergence (small gap = near-tie)", fontsize=10)
+    if n:
+        ax.legend(fontsize=8, loc="best")
+    else:
+        ax.text(0.5, 0.5, "no divergence in this run", transform=ax.transAxes, ha="center")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return n
+
+
+def pick_pair(diffs: list[tuple[dict, dict]]) -> tuple[dict, dict] | None:
+    """The pair to draw: the first unexplained, else the latest-position benign divergence."""
+    best, score = None, None
+    for c, d in diffs:
+        for p in d["pairs"]:
+            if p["position"] is None or p["class"] in ("identical", "incomparable"):
+                continue
+            s = (p["class"] == "unexplained", p["position"])
+            if score is None or s > score:
+                best, score = (c, p), s
+    return best
+
+
+def _logprobs(path: Path, key: str) -> np.ndarray:
+    with TraceReader(path) as r:
+        i = r.requests.index_by_key()[key]
+        return np.asarray(r.tokens(i).logprob, dtype=np.float64)
+
+
+def drift(root: Path, cell: dict, pair: dict, out: Path) -> None:
+    plt = _plt()
+    a, b = _logprobs(root / cell["baseline"], pair["key"]), _logprobs(root / cell["burst"], pair["key"])
+    n = min(len(a), len(b))
+    t = pair["position"]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True, height_ratios=[2, 1])
+    ax1.plot(np.arange(len(a)), a, "o-", ms=3, label="serial baseline (A)", color="#1e88e5")
+    ax1.plot(np.arange(len(b)), b, "s--", ms=3, label="concurrent burst (B)", color="#e53935", alpha=0.8)
+    ax1.set_ylabel("chosen-token logprob, nats")
+    d = np.abs(a[:n] - b[:n])
+    ax2.semilogy(np.arange(n), np.maximum(d, 1e-9), "k.-", ms=3)
+    ax2.set_ylabel("|Δ logprob|, nats\n(floored at 1e-9)")
+    ax2.set_xlabel("generated position")
+    for ax in (ax1, ax2):
+        ax.axvline(t, color=COLORS.get(pair["class"], "k"), ls=":", lw=1.5)
+        ax.axvspan(t, max(n, t + 1) - 0.5, color="#eeeeee", zorder=0)
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    ax1.set_title(f"{_label(cell)} · key {pair['key']}: {pair['class']} at position {t} "
+                  f"(tokens {pair['token_a']} vs {pair['token_b']}); grey: after the divergence", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def make_plots(root: str | Path, cells: list[dict], out_dir: str | Path,
+               pair: tuple[str, str] | None = None) -> dict[str, str]:
+    """Write the PNGs under out_dir; returns {name: path}. pair = (cell id, key) for drift.png."""
+    root, out_dir = Path(root), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    diffs = _diffs(root, cells)
+    if not diffs:
+        return {}
+    paths = {"classes": out_dir / "classes.png", "gaps": out_dir / "gaps.png"}
+    heatmap(diffs, paths["classes"])
+    gap_scatter(diffs, paths["gaps"])
+    chosen = pick_pair(diffs)
+    if pair is not None:
+        from tracekit.errors import ConfigError
+        cd = next(((c, d) for c, d in diffs if c["id"] == pair[0]), None)
+        p = next((p for p in cd[1]["pairs"] if p["key"] == pair[1]), None) if cd else None
+        if p is None or p["position"] is None:
+            raise ConfigError(f"--pair {pair[0]}:{pair[1]}: no such diverging pair in the run")
+        chosen = (cd[0], p)
+    if chosen is not None and chosen[0].get("baseline") and chosen[0].get("burst"):
+        paths["drift"] = out_dir / "drift.png"
+        drift(root, chosen[0], chosen[1], paths["drift"])
+    return {k: str(v) for k, v in paths.items()}
