@@ -159,6 +159,7 @@ class App:
             finish = ev.finish  # EOS or length: stop_reason stays None, as in vLLM
             if text.stop_hit:
                 finish, stop_reason = "stop", text.stop_hit
+                self.engine.cancel(req, "stop")
         out_text = text.text if (want_lp or p.stop) else self.runner.tokenizer.decode(ids, skip_special_tokens=True)
         choice = {"index": 0, "text": out_text, "logprobs": lp.build() if want_lp else None,
                   "finish_reason": finish, "stop_reason": stop_reason}
@@ -204,6 +205,8 @@ class App:
             n += 1
             delta, off = text.push(ev.token_id)
             finish = "stop" if text.stop_hit else ev.finish
+            if text.stop_hit:
+                self.engine.cancel(req, "stop")
             if finish:
                 delta += text.flush()
             await send(chunk(delta, finish, text.stop_hit, ev, off))
