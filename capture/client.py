@@ -115,6 +115,9 @@ async def send(session: aiohttp.ClientSession, base_url: str, dialect: Dialect, 
         status, error = "timeout", f"no complete response within the timeout ({len(acc.lps)} tokens read)"
     except (EngineErrorEvent, StreamProtocolError) as e:
         status, error = "error", str(e)[:ERROR_EXCERPT]
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        # Valid JSON of a shape the dialect does not know: this request fails, the run goes on.
+        status, error = "error", f"unexpected {dialect.name} response shape ({type(e).__name__}: {e})"[:ERROR_EXCERPT]
     except aiohttp.ClientError as e:
         status, error = "error", f"{type(e).__name__}: {str(e)[:ERROR_EXCERPT]}"
     t_done = clock()

@@ -6,7 +6,8 @@ characters split across network reads, and injects faults chosen by the
 prompt text: a prompt "FAULT:<kind>" gets that fault (so faults hit the same
 request whatever the concurrency). Kinds: 500, cut (connection closed
 mid-event, chunked body unfinished), cleancut (body ends cleanly in the middle
-of an event), nodone (no end marker), badjson, errorevent, stall, reset (TCP RST).
+of an event), nodone (no end marker), badjson, badshape (valid JSON of an unknown
+shape), errorevent, stall, reset (TCP RST).
 The server runs in its own thread and event loop, as a real separate server.
 """
 
@@ -176,6 +177,9 @@ class ReplayServer:
                             and b'"details":{' not in e)
         if fault == "badjson":
             return b"".join(ev[:2]) + b'data: {"choices": [{"text": "x", \n\n' + b"".join(ev[3:])
+        if fault == "badshape":  # valid JSON, but a logprobs entry without its logprob
+            return b"".join(ev[:2]) + b'data: {"choices": [{"index": 0, "logprobs": {"content": [{"token": "x"}]}}]}\n\n' \
+                + b"".join(ev[2:])
         if fault == "errorevent":
             return b"".join(ev[:2]) + b'data: {"error": {"message": "injected engine error", "code": 500}}\n\n' \
                 + b"data: [DONE]\n\n"

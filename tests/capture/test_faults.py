@@ -24,6 +24,7 @@ FAULTS = {  # prompt -> (status, http_status, error substring)
     "FAULT:nodone": ("error", 200, "without [DONE]"),
     "FAULT:badjson": ("error", 200, "malformed JSON"),
     "FAULT:errorevent": ("error", 200, "injected engine error"),
+    "FAULT:badshape": ("error", 200, "unexpected vllm response shape"),
     "FAULT:stall": ("timeout", 200, "timeout"),
     "FAULT:reset": ("error", 200, ""),
 }
@@ -35,16 +36,16 @@ def _prompts():
     return ps
 
 
-@pytest.mark.parametrize("concurrency", [1, 12])
+@pytest.mark.parametrize("concurrency", [1, 13])
 def test_faults_in_a_burst(capture_to, concurrency):
     """A 500 in the middle of a burst, cut streams, bad JSON, an error event, a stall past
     the timeout and a connection reset: each is a row with its status; the others are ok."""
     with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
         s, out = capture_to(srv.url, _prompts(), concurrency=concurrency, timeout_s=1.0)
-    assert s.counts == {"ok": 4, "error": 7, "timeout": 1, "cancelled": 0}
+    assert s.counts == {"ok": 4, "error": 8, "timeout": 1, "cancelled": 0}
     with TraceReader(out) as r:
         rows = {r.requests.key[i]: r.record(i) for i in range(len(r))}
-        assert len(rows) == 12
+        assert len(rows) == 13
         for i, (prompt, (status, http, msg)) in enumerate(FAULTS.items()):
             rec = rows[f"f{i}"]
             assert (rec.status, rec.http_status) == (status, http), (prompt, rec)
@@ -120,3 +121,31 @@ def test_interrupt_leaves_cancelled_rows(tmp_path):
     with TraceReader(out) as r:
         st = {r.requests.key[i]: r.requests.status[i] for i in range(len(r))}
     assert st == {"a": "ok", "s": "cancelled"}
+
+
+def test_sigkill_then_resume(tmp_path):
+    """A capture killed with SIGKILL keeps every request it finished; --resume runs the rest."""
+    prompts = [{"id": f"a{i}", "prompt": "x"} for i in range(3)] + [{"id": "s", "prompt": "FAULT:stall"}]
+    pf = write_prompts(tmp_path / "p.jsonl", prompts)
+    out = tmp_path / "k.h5"
+    cmd = [sys.executable, "-m", "tracekit", "capture", "--http", "", "--prompts", pf, "--out", str(out),
+           "--concurrency", "4", "--top-logprobs", "5"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with ReplayServer(routes_for("vllm"), stall_s=5.0) as srv:
+        cmd[5] = srv.url
+        p = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while len(srv.requests) < 4 and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.7)   # the three quick requests complete and are flushed
+        p.kill()
+        p.wait(10)
+        with TraceReader(out) as r:
+            assert sorted(r.requests.key) == ["a0", "a1", "a2"] and set(r.requests.status) == {"ok"}
+        srv.armed = False
+        srv.requests.clear()
+        q = subprocess.run(cmd + ["--resume", "--json"], env=env, capture_output=True, text=True, timeout=60)
+        assert q.returncode == 0, q.stderr
+        assert [x["body"]["prompt"] for x in srv.requests] == ["FAULT:stall"]
+    with TraceReader(out) as r:
+        assert sorted(r.requests.key) == ["a0", "a1", "a2", "s"] and set(r.requests.status) == {"ok"}
