@@ -17,8 +17,6 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import torch
-
 ROOT = b"tracekit-prefix-root"
 
 
@@ -80,6 +78,8 @@ class PrefixCache:
                 self.blocks.popitem(last=False)
 
     def _corrupt(self, blk: Block, own: set[bytes]) -> Block:
+        import torch
+
         other = next((b for k, b in reversed(self.blocks.items()) if k not in own), None)
         if other is not None:
             return Block([k.clone() for k in other.keys], [v.clone() for v in other.values])

@@ -20,10 +20,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .prefix_cache import PrefixCache
-from .runner import ModelRunner, select
+if TYPE_CHECKING:  # the runner imports torch; this module stays importable without it
+    from .prefix_cache import PrefixCache
+    from .runner import ModelRunner
 
 log = logging.getLogger("tracekit.engine")
 
@@ -198,6 +199,8 @@ class Engine:
         self._emit_step(rows, logits)
 
     def _emit_step(self, rows: list[GenRequest], logits) -> None:
+        from .runner import select
+
         k = max(r.logprobs for r in rows)
         out = select(logits, k, [r.temperature for r in rows], [r.generator for r in rows])
         events = []

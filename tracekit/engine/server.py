@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .. import __version__
+from ..errors import EngineError
 from .protocol import BadRequest, LogprobsBuilder, envelope, error_body, new_id, parse_completion, usage
 from .scheduler import ErrorEvent, GenRequest
 from .textstream import TextStream
@@ -68,6 +69,9 @@ class App:
 
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
+        if not sys.stderr.isatty():  # no progress bars in logs
+            from transformers.utils import logging as hf_logging
+            hf_logging.disable_progress_bar()
         c = self.cfg
         self.runner = ModelRunner(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
         cache = PrefixCache(c.block_size, c.cache_blocks, c.fault) if c.prefix_cache else None
@@ -236,7 +240,11 @@ async def serve(cfg: ServeConfig) -> None:
     runner = web.AppRunner(build_app(app), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise EngineError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}; pick another --port") from None
     host, port = runner.addresses[0][:2]
     # The launcher (tracekit.engine.process) parses this exact line.
     print(f"tracekit serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)
