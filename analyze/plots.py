@@ -18,8 +18,9 @@ import numpy as np
 
 from tracekit.store import TraceReader
 
-from .classify import CLASSES
 
+# Column / legend order: the benign classes, then the failing ones.
+ORDER = ("identical", "bf16_tie_flip", "cache_boundary", "post_eos", "unexplained", "incomparable")
 COLORS = {"identical": "#9e9e9e", "post_eos": "#8e24aa", "bf16_tie_flip": "#1e88e5", "cache_boundary": "#43a047",
           "unexplained": "#e53935", "incomparable": "#fb8c00"}
 
@@ -41,21 +42,22 @@ def _diffs(root: Path, cells: list[dict]) -> list[tuple[dict, dict]]:
 
 
 def _label(c: dict) -> str:
-    return f"{c['target']} {c['dtype']} cache-{'on' if c['prefix_cache'] else 'off'} c{c['concurrency']}"
+    return (f"{c['target']} {c['dtype']} cache-{'on' if c['prefix_cache'] else 'off'} {c['prompts']} "
+            f"out{c['output_tokens']} c{c['concurrency']}")
 
 
 def heatmap(diffs: list[tuple[dict, dict]], out: Path) -> None:
     plt = _plt()
-    counts = np.array([[d["summary"].get(k, 0) for k in CLASSES] for _, d in diffs], dtype=float)   # [cells, classes]
+    counts = np.array([[d["summary"].get(k, 0) for k in ORDER] for _, d in diffs], dtype=float)   # [cells, classes]
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(8.5, 0.42 * len(diffs) + 1.8))
+    fig, ax = plt.subplots(figsize=(9.5, 0.42 * len(diffs) + 1.8))
     ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i, j in np.ndindex(counts.shape):
-        bad = CLASSES[j] in ("unexplained", "incomparable") and counts[i, j] > 0
+        bad = ORDER[j] in ("unexplained", "incomparable") and counts[i, j] > 0
         ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=9,
                 color="#b71c1c" if bad else ("white" if share[i, j] > 0.6 else "black"),
                 fontweight="bold" if bad else "normal")
-    ax.set_xticks(range(len(CLASSES)), [c.replace("_", " ") for c in CLASSES], rotation=20)
+    ax.set_xticks(range(len(ORDER)), [c.replace("_", " ") for c in ORDER], rotation=20)
     ax.set_yticks(range(len(diffs)), [_label(c) for c, _ in diffs], fontsize=8)
     ax.set_title("Divergence classes per cell (pairs: serial baseline vs concurrent burst)", fontsize=10)
     fig.tight_layout()
@@ -64,27 +66,37 @@ def heatmap(diffs: list[tuple[dict, dict]], out: Path) -> None:
 
 
 def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
-    """One point per divergent pair; returns how many were drawn."""
+    """One point per divergent pair: the reference trace's gap between the two tokens,
+    in BF16 ULPs of the raw logits (symlog: 0 = an exact tie); returns how many were drawn."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    n = 0
-    for cls in CLASSES:
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    n, top = 0, 1.0
+    rng = np.random.default_rng(0)   # x jitter only, so equal (position, gap) points stay visible
+    for cls in ORDER:
         for marker, dtype in (("o", "bf16"), ("s", "fp32"), ("^", "fp16")):
-            pts = [(p["position"], abs(p["gap_a"])) for c, d in diffs if c["dtype"] == dtype for p in d["pairs"]
-                   if p["class"] == cls and p["position"] is not None and p["gap_a"] is not None]
+            pts = [(p["position"], abs(p["gap_a_ulp"])) for c, d in diffs if c["dtype"] == dtype
+                   for p in d["pairs"] if p["class"] == cls and p["position"] is not None
+                   and p["gap_a_ulp"] is not None]
             if pts:
                 x, y = np.array(pts, dtype=float).T
-                ax.scatter(x, np.maximum(y, 1e-4), s=28, marker=marker, color=COLORS[cls], alpha=0.8,
-                           label=f"{cls} ({dtype.upper()}, {len(pts)})", edgecolors="black", linewidths=0.3)
+                ax.scatter(x + rng.uniform(-0.2, 0.2, len(x)), y, s=30, marker=marker, color=COLORS[cls],
+                           alpha=0.75, label=f"{cls} ({dtype.upper()} engine, {len(pts)})", edgecolors="black",
+                           linewidths=0.3)
                 n += len(pts)
-    ax.set_yscale("log")
+                top = max(top, float(y.max()))
+    tie = next((d["thresholds"]["tie_ulps"] for _, d in diffs), 4)
+    ax.axhline(tie, color="#1e88e5", ls="--", lw=1)
+    ax.text(ax.get_xlim()[1], tie, f" tie tolerance {tie:g} ulp", va="bottom", ha="right", fontsize=8, color="#1e88e5")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(-0.3, max(top, tie) * 3)
     ax.set_xlabel("generated position of the first differing token")
-    ax.set_ylabel("gap in the reference trace, nats\nlogprob(own token) − logprob(other token)")
-    ax.set_title("Top-2 gap at each divergence (small gap = near-tie)", fontsize=10)
+    ax.set_ylabel("top-2 gap in the reference trace\n(BF16 ULPs of the raw logits; 0 = exact tie)")
+    ax.set_title("Gap between the two competing tokens at each divergence", fontsize=10)
     if n:
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="class (engine dtype, pairs)",
+                  title_fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no divergence in this run", transform=ax.transAxes, ha="center")
+        ax.text(0.5, 0.5, "no divergence with raw logits in this run", transform=ax.transAxes, ha="center")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

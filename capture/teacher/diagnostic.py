@@ -165,7 +165,10 @@ def run_diagnostic(cfg: DiagnosticConfig, seqs: list[Sequence], out: str, first_
                                       "(prefix boundaries unknown, zero or past the end)")
                 summary = DiagnosticSummary(path=out, sequences=len(seqs), skipped=skipped)
             if writer is None:
-                writer = TraceWriter(out, run_meta(cfg, lm.vocab_size, eos_token_ids(lm.model), extra_run or {}))
+                # Chunk-size hint (rows x histories x dtypes): a small diagnostic gets a small file.
+                hint = sum(len(q.gen_ids) for q in seqs) * len(cfg.histories) * len(cfg.dtypes)
+                writer = TraceWriter(out, run_meta(cfg, lm.vocab_size, eos_token_ids(lm.model), extra_run or {}),
+                                     expected_tokens=hint)
             summary.rows += write_rows(writer, cfg, lm, seqs, batches)
             summary.seconds_by_dtype[d] = round(time.perf_counter() - t0, 3)
             print(f"teacher-forced {d}: {summary.rows} rows so far, {summary.seconds_by_dtype[d]:.1f} s",

@@ -41,8 +41,9 @@ def diff_cells(root: Path, outcomes) -> dict[str, str]:
     return errors
 
 
-def execute(matrix_path: str, out: str, argv_extra: dict | None = None):
-    """Run + diff + manifest + report; returns (rows, summary). Shared with `tracekit demo`."""
+def execute(matrix_path: str, out: str, after_diff=None):
+    """Run + diff + manifest + report; returns (rows, summary). Shared with `tracekit demo`,
+    whose after_diff(root, matrix, outcomes) adds the teacher-forced step before the manifest."""
     from analyze.matrix_report import write_report
     from capture.runner import load_matrix, run_matrix, write_manifest
     from capture.runner.manifest import now_utc
@@ -55,10 +56,11 @@ def execute(matrix_path: str, out: str, argv_extra: dict | None = None):
     started = now_utc()
     outcomes, engines = run_matrix(m, root)
     diff_errors = diff_cells(root, outcomes)
+    extra = after_diff(root, m, outcomes) if after_diff else None
     cells = [{**o.cell.as_dict(), "baseline": o.baseline, "burst": o.burst, "checks_ok": o.checks_ok,
               "diff_error": diff_errors.get(o.cell.id)} for o in outcomes]
     write_manifest(root, matrix={"name": m.name, "path": m.path, "copy": "matrix.toml"}, engines=engines,
-                   cells=cells, started_utc=started, extra=argv_extra)
+                   cells=cells, started_utc=started, extra=extra)
     rows, doc, _ = write_report(root)
     return rows, doc
 
