@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tracekit.errors import ConfigError
 from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta, prompt_hash
@@ -71,6 +73,8 @@ class CaptureSummary:
     tokens: int
     wall_s: float
     dialect: str
+    latency: dict = field(default_factory=dict)   # ok requests: ttft_s / e2e_s / itl_s -> p50, p90, p99
+    failures: list = field(default_factory=list)  # (key, status, error) of the first 20 failed requests
 
     @property
     def failed(self) -> int:
@@ -79,7 +83,19 @@ class CaptureSummary:
     def as_dict(self) -> dict:
         return {"out": self.out, "planned": self.planned, "kept_from_resume": self.kept, "counts": self.counts,
                 "tokens": self.tokens, "wall_s": round(self.wall_s, 3), "dialect": self.dialect,
-                "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None}
+                "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
+                "latency": self.latency, "failures": [list(f) for f in self.failures]}
+
+
+def _percentiles(samples: dict[str, list]) -> dict:
+    """{name: [seconds]} -> {name: {p50, p90, p99}} (names with no samples are left out)."""
+    out = {}
+    for name, xs in samples.items():
+        a = np.concatenate([np.atleast_1d(np.asarray(x, np.float64)) for x in xs]) if xs else np.zeros(0)
+        a = a[np.isfinite(a)]
+        if len(a):
+            out[name] = {f"p{q}": round(float(np.percentile(a, q)), 6) for q in (50, 90, 99)}
+    return out
 
 
 def parse_arrival(arrival: str) -> float | None:
@@ -213,6 +229,8 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
         model = cfg.model or pr.model
         if (model and model != cfg.model) or pr.extra_body:
             specs = [dataclasses.replace(s, model=model, extra={**pr.extra_body, **s.extra}) for s in specs]
+        for s in specs:
+            dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
         meta = RunMeta(source="http", run=_run_meta(cfg, pr, mapper, len(prompts), rate),
                        layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits))
         _check_resumable(out, cfg)
@@ -227,14 +245,14 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
                     kept = copy_requests(reader, writer, sorted(ok.values()))
                 specs = [s for s in specs if s.key not in ok]
             t0 = time.perf_counter()
-            counts, ntok = await _send_all(session, base, dialect, specs, cfg, writer, mapper, rate)
+            counts, ntok, (lat, failures) = await _send_all(session, base, dialect, specs, cfg, writer, mapper, rate)
             wall = time.perf_counter() - t0
         if prev is not None:
             prev.unlink()
-    return CaptureSummary(str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect)
+    return CaptureSummary(str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures)
 
 
-async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) -> tuple[dict, int]:
+async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) -> tuple[dict, int, tuple]:
     clock = Clock()
     sem = asyncio.Semaphore(cfg.concurrency)
     prog = Progress(len(specs), sys.stderr.isatty() if cfg.progress is None else cfg.progress)
@@ -242,6 +260,8 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
     started: dict[str, float] = {}
     pending: list[Outcome] = []
     finished: set[str] = set()
+    lat: dict[str, list] = {"ttft_s": [], "e2e_s": [], "itl_s": []}
+    failures: list[tuple] = []
     k, raw = cfg.top_logprobs, writer.layout.raw_logits
     delays = _arrival_times(len(specs), rate, cfg.seed)
 
@@ -253,6 +273,14 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
         outcome = _flag_unknown_ids(finish(outcome, acc, k, raw, mapper), cfg.tokenizer)
         pending.append(outcome)
         finished.add(spec.key)
+        rec = outcome.record
+        if rec.status != "ok" and len(failures) < 20:
+            failures.append((rec.key, rec.status, rec.error))
+        if rec.status == "ok":
+            lat["ttft_s"].append(rec.ttft_s)
+            lat["e2e_s"].append(rec.e2e_s)
+            if spec.stream and outcome.tokens is not None:
+                lat["itl_s"].append(np.diff(outcome.tokens.t_arrival_s))
         counts[outcome.record.status] += 1
         prog.update(outcome.record.status == "ok", len(outcome.tokens) if outcome.tokens is not None else 0)
         if len(pending) == 1:
@@ -279,7 +307,7 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
     finally:
         prog.close()
     write_pending()
-    return counts, prog.tokens
+    return counts, prog.tokens, (lat, failures)
 
 
 def _write_cancelled(writer: TraceWriter, specs: list[RequestSpec], started: dict, now: float) -> None:

@@ -101,6 +101,7 @@ def test_api_key_goes_out_as_bearer_and_never_into_the_file(tmp_path):
     data = out.read_bytes()
     assert key.encode() not in data and b"SECRET" not in data
     assert key not in p.stderr
+    assert "failed: b (error): HTTP 500" in p.stderr and summary["failures"][0][:2] == ["b", "error"]
 
 
 def test_interrupt_leaves_cancelled_rows(tmp_path):

@@ -102,3 +102,10 @@ def test_plain_openai_fallback_records_why_and_missing_ids(capture_to):
         rec = r.record(0)
         assert rec.status == "ok" and "pass --tokenizer" in rec.error
         assert (r.tokens(0).token_id == -1).all() and r.meta.run["engine"]["headers"]["server"] == "uvicorn"
+
+
+def test_a_prompt_the_dialect_cannot_send_fails_before_any_file(capture_to, tmp_path):
+    with ReplayServer(routes_for("llamacpp")) as srv:
+        with pytest.raises(ConfigError, match="needs a text prompt"):
+            capture_to(srv.url, [{"id": "a", "prompt": [1, 2, 3]}], name="chat.h5", dialect="openai-chat")
+    assert not (tmp_path / "chat.h5").exists()

@@ -124,4 +124,12 @@ def _run_http(url: str, as_json: bool, opts: dict) -> int:
         click.echo(f"{s.out}: {c['ok']}/{s.planned - s.kept} ok, {c['error']} error, {c['timeout']} timeout, "
                    f"{c['cancelled']} cancelled ({s.kept} kept from --resume); {s.tokens} tokens in "
                    f"{s.wall_s:.1f}s; dialect {s.dialect}")
+        lat = s.latency
+        if lat:
+            click.echo("  ".join(f"{name[:-2]} p50 {v['p50'] * 1e3:.1f} ms, p99 {v['p99'] * 1e3:.1f} ms"
+                                 for name, v in lat.items()))
+    for key, status, error in s.failures[:5]:  # the why, on stderr (stdout stays data)
+        click.echo(f"failed: {key} ({status}): {error[:200]}", err=True)
+    if s.failed > 5:
+        click.echo(f"... and {s.failed - 5} more failed requests (see the trace's error column)", err=True)
     return 1 if s.failed else 0
