@@ -52,6 +52,9 @@ async def probe(session: aiohttp.ClientSession, base: str, dialect: str) -> Prob
     status, models, heads = await _get(session, base + "/v1/models")
     if status == -1:
         raise CaptureError(f"{base}: server unreachable ({models['error']}); is it running and is the URL right?")
+    if status in (401, 403):
+        raise CaptureError(f"{base}/v1/models answered HTTP {status}: the server wants an API key; "
+                           "pass --api-key-env VAR with the key in that environment variable")
     engine: dict = {"headers": heads, "v1_models_status": status}
     first = {}
     if status == 200 and isinstance(models, dict) and models.get("data"):
@@ -69,8 +72,18 @@ async def probe(session: aiohttp.ClientSession, base: str, dialect: str) -> Prob
         res.tokenizer = str(meta.get("model_dir") or "")
     if dialect != "auto":
         return res
+    return await _decide(session, base, res, status, owned)
+
+
+async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, status: int, owned: str):
+    """The `--dialect auto` decision from engine-specific routes; fills res in place."""
+    engine = res.engine
     if owned in _OWNED_BY:
         res.dialect, res.reason = _OWNED_BY[owned], f"/v1/models owned_by={owned!r}"
+        if owned == "llamacpp":  # its version lives in /props
+            st, body, _ = await _get(session, base + "/props")
+            if st == 200 and isinstance(body, dict):
+                engine["props"] = {k: body.get(k) for k in ("build_info", "total_slots", "model_path")}
         return res
     st, info, h = await _get(session, base + "/info")
     if st == 200 and isinstance(info, dict) and "model_id" in info:

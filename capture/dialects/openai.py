@@ -35,6 +35,12 @@ def _entries(content: list, acc: Acc, t: float) -> None:
             if acc.strs is not None:
                 acc.strs.append(e["token"])
                 acc.top_strs.append([])
+        elif e["token"][:9] == "token_id:":  # vLLM chat with return_tokens_as_token_ids
+            acc.ids.append(int(e["token"][9:]))
+            acc.top_ids.append([int(d["token"][9:]) for d in tops])
+            if acc.strs is not None:
+                acc.strs.append(e["token"])
+                acc.top_strs.append([])
         else:
             _str_mode(acc)
             tok = e.get("bytes")

@@ -42,6 +42,8 @@ def test_dialect_columns(capture_to, engine, dialect, prompt, cached, stream):
     assert s.counts["ok"] == 2 and s.failed == 0 and s.dialect == dialect
     with TraceReader(out) as r:
         assert r.meta.run["dialect"] == dialect and r.meta.run["dialect_reason"]
+        if engine == "llamacpp" and dialect == "llamacpp":  # the version from /props is recorded
+            assert r.meta.run["engine"]["props"]["build_info"] == "b1-0c1e570"
         assert sorted(r.requests.key) == ["a", "b"]
         for i in range(2):
             rec, tok = r.record(i), r.tokens(i)

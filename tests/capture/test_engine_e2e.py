@@ -93,3 +93,21 @@ def test_repeats_and_poisson_arrivals(engine, tmp_path):
         assert all(len(r.tokens(i)) == 32 for i in range(len(r)))
         a, b = r.requests.index_by_key()["c0#r0"], r.requests.index_by_key()["c0#r1"]
         assert np.array_equal(r.tokens(a).token_id, r.tokens(b).token_id)
+
+
+@pytest.mark.slow
+def test_api_key_against_the_engine(tmp_path):
+    """The engine requires a key: without one the capture stops with a one-line error (exit 3);
+    with --api-key-env it captures, and the key is nowhere in the file."""
+    key = "tk-e2e-7c1f0a9d42SECRET"
+    with start_engine(["--threads", "1", "--slots", "2", "--api-key-env", "TK_E2E_KEY"],
+                      env=dict(os.environ, TK_E2E_KEY=key)) as eng:
+        p = _capture(eng.url, tmp_path / "nokey.h5", 2)
+        assert p.returncode == 3 and "API key" in p.stderr and "Traceback" not in p.stderr
+        out = tmp_path / "key.h5"
+        p = subprocess.run([sys.executable, "-m", "tracekit", "capture", "--http", eng.url, "--prompts",
+                            str(PROMPTS), "--out", str(out), "--api-key-env", "TK_E2E_KEY", "--max-tokens", "2"],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), TK_E2E_KEY=key))
+        assert p.returncode == 0, p.stderr
+    assert key.encode() not in out.read_bytes() and b"SECRET" not in out.read_bytes()
