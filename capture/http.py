@@ -35,10 +35,15 @@ from .prompts import Prompt, load_prompts
 from .tokens import TokenMapper
 
 # Where each dialect's cached-prompt count comes from (recorded in the run metadata).
-CACHE_FIELD = {"openai": "usage.prompt_tokens_details.cached_tokens", "openai-chat":
-               "usage.prompt_tokens_details.cached_tokens", "vllm": "usage.prompt_tokens_details.cached_tokens "
-               "(only with --enable-prompt-tokens-details)", "sglang": "meta_info.cached_tokens",
-               "tgi": "not reported", "llamacpp": "timings.cache_n"}
+_USAGE_CACHED = "usage.prompt_tokens_details.cached_tokens"
+CACHE_FIELD = {
+    "openai": _USAGE_CACHED,
+    "openai-chat": _USAGE_CACHED,
+    "vllm": _USAGE_CACHED + " (only with --enable-prompt-tokens-details)",
+    "sglang": "meta_info.cached_tokens",
+    "tgi": "not reported",
+    "llamacpp": "timings.cache_n",
+}
 
 
 @dataclass(frozen=True)
@@ -194,7 +199,8 @@ def _run_meta(cfg: CaptureConfig, pr, mapper: TokenMapper | None, n_prompts: int
     eos = pr.eos_token_ids or (mapper.eos_token_ids() if mapper else [])
     return base_run(
         target=cfg.url, dialect=pr.dialect, dialect_reason=pr.reason, engine=pr.engine,
-        model=cfg.model or pr.model, tokenizer=cfg.tokenizer or pr.tokenizer or None, eos_token_ids=eos, concurrency=cfg.concurrency,
+        model=cfg.model or pr.model, tokenizer=cfg.tokenizer or pr.tokenizer or None, eos_token_ids=eos,
+        concurrency=cfg.concurrency,
         sampling={"max_tokens": cfg.max_tokens, "top_logprobs": cfg.top_logprobs, "ignore_eos": cfg.ignore_eos,
                   "temperature": 0.0, "stream": cfg.stream},
         cache={"reported_by": CACHE_FIELD.get(pr.dialect, "unknown"), "setting": cfg.run_meta.get("cache", "unknown")},
@@ -245,11 +251,13 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
                     kept = copy_requests(reader, writer, sorted(ok.values()))
                 specs = [s for s in specs if s.key not in ok]
             t0 = time.perf_counter()
-            counts, ntok, (lat, failures) = await _send_all(session, base, dialect, specs, cfg, writer, mapper, rate)
+            counts, ntok, (lat, failures) = await _send_all(session, base, dialect, specs, cfg, writer, mapper,
+                                                            rate)
             wall = time.perf_counter() - t0
         if prev is not None:
             prev.unlink()
-    return CaptureSummary(str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures)
+    return CaptureSummary(str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat),
+                          failures)
 
 
 async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) -> tuple[dict, int, tuple]:

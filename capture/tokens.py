@@ -21,7 +21,7 @@ from tracekit.errors import ConfigError
 @lru_cache(maxsize=1)
 def _byte_map() -> dict[int, str]:
     # GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100...
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):

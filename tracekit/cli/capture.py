@@ -52,7 +52,8 @@ def _kv(ctx, param, values):
               help="The server's wire format; auto probes and records why.")
 @click.option("--tokenizer", type=click.Path(file_okay=False), help="Tokenizer dir, to map token strings to ids.")
 @click.option("--model", default="", help="Model name to send (default: the first of /v1/models).")
-@click.option("--api-key-env", metavar="VAR", help="Read the API key from env VAR; sent as a Bearer header, never stored.")
+@click.option("--api-key-env", metavar="VAR",
+              help="Read the API key from env VAR; sent as a Bearer header, never stored.")
 @click.option("--timeout-s", default=600.0, show_default=True, help="Per-request timeout in seconds.")
 @click.option("--arrival", default="burst", show_default=True, help="burst | poisson:RATE (requests/s).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the Poisson arrivals.")
