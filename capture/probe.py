@@ -1,9 +1,11 @@
 """`--dialect auto`: ask the server what it is, and record why we decided.
 
 Probes, in order: `GET /v1/models` (owned_by says vllm / sglang / llamacpp /
-tracekit; llama.cpp also sends `models[]` next to `data[]`), then TGI's
-`/info` (`model_id` + `router`), llama.cpp's `/slots` / `/props`, SGLang's
-`/get_model_info`. Whatever answers goes into the run metadata as the engine's
+tracekit; llama.cpp also sends `models[]` next to `data[]`) and `/health`
+(its status is recorded), then TGI's `/info` (`model_id` + `router`),
+llama.cpp's `/slots` / `/props`, SGLang's `/get_model_info`; otherwise plain
+OpenAI, whose parser accepts both the legacy and the chat-style logprob shapes
+(llama.cpp's `/v1` routes send the latter) and decides per response. Whatever answers goes into the run metadata as the engine's
 self-report (trimmed JSON plus `server` / `*version*` response headers).
 """
 
@@ -56,6 +58,7 @@ async def probe(session: aiohttp.ClientSession, base: str, dialect: str) -> Prob
         raise CaptureError(f"{base}/v1/models answered HTTP {status}: the server wants an API key; "
                            "pass --api-key-env VAR with the key in that environment variable")
     engine: dict = {"headers": heads, "v1_models_status": status}
+    engine["health_status"] = (await _get(session, base + "/health"))[0]
     first = {}
     if status == 200 and isinstance(models, dict) and models.get("data"):
         first = models["data"][0] if isinstance(models["data"][0], dict) else {}

@@ -44,6 +44,7 @@ def test_dialect_columns(capture_to, engine, dialect, prompt, cached, stream):
         assert r.meta.run["dialect"] == dialect and r.meta.run["dialect_reason"]
         if engine == "llamacpp" and dialect == "llamacpp":  # the version from /props is recorded
             assert r.meta.run["engine"]["props"]["build_info"] == "b1-0c1e570"
+            assert r.meta.run["engine"]["health_status"] == 200
         assert sorted(r.requests.key) == ["a", "b"]
         for i in range(2):
             rec, tok = r.record(i), r.tokens(i)
