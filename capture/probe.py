@@ -5,8 +5,9 @@ tracekit; llama.cpp also sends `models[]` next to `data[]`) and `/health`
 (its status is recorded), then TGI's `/info` (`model_id` + `router`),
 llama.cpp's `/slots` / `/props`, SGLang's `/get_model_info`; otherwise plain
 OpenAI, whose parser accepts both the legacy and the chat-style logprob shapes
-(llama.cpp's `/v1` routes send the latter) and decides per response. Whatever answers goes into the run metadata as the engine's
-self-report (trimmed JSON plus `server` / `*version*` response headers).
+(llama.cpp's `/v1` routes send the latter) and decides per response.
+Whatever answers goes into the run metadata as the engine's self-report
+(trimmed JSON plus `server` / `*version*` response headers).
 """
 
 from __future__ import annotations
