@@ -1,7 +1,9 @@
 """Fixtures for the reference-engine tests: real `tracekit serve` processes on 127.0.0.1:0.
 
-`engine_factory(*args)` starts an engine (module-scoped cache by argument
-tuple) with `tracekit.engine.process.start_engine`; the fixture stops them all.
+`engine_factory(*args)` starts an engine with `tracekit.engine.process.start_engine`,
+once per argument tuple for the whole session (engine starts dominate the run
+time), and stops them all at the end. Tests sharing an engine use unique
+prompts or counter deltas, never absolute state.
 Helpers here talk plain HTTP with aiohttp: no capture package, no mocks.
 """
 
@@ -21,7 +23,7 @@ PROMPTS = Path(__file__).resolve().parents[2] / "fixtures" / "prompts" / "tiny.j
 BASE_ARGS = ("--threads", "1")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine_factory(tmp_path_factory):
     started = {}
 
@@ -34,13 +36,26 @@ def engine_factory(tmp_path_factory):
 
     yield get
     for eng in started.values():
+        eng.terminate()
+    for eng in started.values():
         eng.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine(engine_factory):
     """The default engine: fixture model, FP32, 4 slots, prefix cache on."""
     return engine_factory()
+
+
+BF16_BASE = ("--dtype", "bf16", "--no-prefix-cache", "--slots", "8")
+
+
+@pytest.fixture(scope="session")
+def bf16_baseline(engine_factory) -> list[list[int]]:
+    """Serial BF16 token ids without prefix reuse, 64 greedy tokens per fixture prompt."""
+    eng = engine_factory(*BF16_BASE)
+    return [r["choices"][0]["token_ids"] for r in run_serial(eng.url, [greedy(p["prompt"], 64)
+                                                                       for p in fixture_prompts()])]
 
 
 def fixture_prompts() -> list[dict]:

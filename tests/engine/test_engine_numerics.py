@@ -19,8 +19,9 @@ def _cached(responses: list[dict]) -> list[int]:
                          ids=["prefix-cache", "no-prefix-cache", "token-granular-cache"])
 def test_fp32_concurrent_equals_serial(engine_factory, cache_args):
     """8 concurrent requests must return exactly the serial token ids in FP32: padding and prefix
-    reuse move logits by ~1e-5 only, so any difference here would be an engine bug, not numerics."""
-    eng = engine_factory("--slots", "8", *cache_args)
+    reuse move logits by ~1e-5 only, so any difference here would be an engine bug, not numerics.
+    The engines have 4 slots, so the burst also goes through the waiting queue."""
+    eng = engine_factory(*cache_args)
     bodies = [greedy(p["prompt"], 24) for p in fixture_prompts()]
     serial = run_serial(eng.url, bodies)
     conc = run_concurrent(eng.url, bodies, concurrency=8)
@@ -34,13 +35,12 @@ def test_fp32_concurrent_equals_serial(engine_factory, cache_args):
 
 
 @pytest.mark.slow
-def test_bf16_prefix_reuse_diverges(engine_factory):
+def test_bf16_prefix_reuse_diverges(engine_factory, bf16_baseline):
     """BF16 with prefix reuse and batching must show divergences from the serial no-cache baseline:
     the tests and the demo rely on the phenomenon being present in BF16 (and absent in FP32)."""
-    base = engine_factory("--dtype", "bf16", "--no-prefix-cache", "--slots", "8")
     reuse = engine_factory("--dtype", "bf16", "--slots", "8")
     bodies = [greedy(p["prompt"], 64) for p in fixture_prompts()]
-    baseline = _ids(run_serial(base.url, bodies))
+    baseline = bf16_baseline
     run_serial(reuse.url, bodies[:4])  # warm the prefix cache with the shared headers
     conc = run_concurrent(reuse.url, bodies, concurrency=8)
     assert sum(c > 0 for c in _cached(conc)) >= 8
@@ -49,15 +49,14 @@ def test_bf16_prefix_reuse_diverges(engine_factory):
 
 
 @pytest.mark.slow
-def test_bf16_serial_unaligned_prefix_reuse_diverges(engine_factory):
+def test_bf16_serial_unaligned_prefix_reuse_diverges(engine_factory, bf16_baseline):
     """Serially, with nothing batched, a prefix-cache hit at a boundary that is not a multiple of 16
     (token-granular reuse, --block-size 1) must still flip a BF16 near-tie: the separate prefix
     forward alone changes the numerics. (CPU sdpa is bitwise identical for 16-aligned splits, so
     the default --block-size 16 shows this only on other kernels, e.g. CUDA.)"""
-    base = engine_factory("--dtype", "bf16", "--no-prefix-cache", "--slots", "8")
     reuse = engine_factory("--dtype", "bf16", "--block-size", "1")
     bodies = [greedy(p["prompt"], 64) for p in fixture_prompts()]
-    baseline = _ids(run_serial(base.url, bodies))
+    baseline = bf16_baseline
     got = run_serial(reuse.url, bodies)
     assert any(c % 16 for c in _cached(got))
     assert sum(a != b for a, b in zip(baseline, _ids(got))) >= 1

@@ -8,7 +8,7 @@ import math
 
 import aiohttp
 
-from conftest import greedy, metric, run_serial
+from conftest import BF16_BASE, greedy, metric, run_serial
 
 PROMPT = "class Node:\n    def __init__(self, value, next=None):\n        "
 
@@ -36,7 +36,7 @@ def test_bf16_raw_logits_are_exact_bf16_values(engine_factory):
     """In BF16 the raw logits must be exact BF16 numbers, so analysis can count ULPs."""
     import torch
 
-    eng = engine_factory("--dtype", "bf16", "--no-prefix-cache", "--slots", "8")
+    eng = engine_factory(*BF16_BASE)
     r = run_serial(eng.url, [greedy(PROMPT, 6, logprobs=3, return_raw_logits=True)])[0]
     vals = torch.tensor([v for row in r["choices"][0]["logprobs"]["top_logits"] for v in row], dtype=torch.float64)
     assert torch.equal(vals.to(torch.bfloat16).to(torch.float64), vals)

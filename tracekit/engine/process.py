@@ -14,7 +14,8 @@ Stable API (other packages import it):
 
     EngineProcess: .url ("http://127.0.0.1:PORT", no trailing slash), .port,
         .pid, .log_path (stdout+stderr of the engine), .command, .stop(timeout_s=10)
-        (SIGTERM, then SIGKILL), .alive(). A context manager: `with start_engine([...]) as eng:`.
+        (SIGTERM, then SIGKILL; returns the exit code), .terminate() (SIGTERM, no wait),
+        .alive(), .log_tail(n). A context manager: `with start_engine([...]) as eng:`.
 
 Imports nothing heavy (no torch, no aiohttp): readiness is polled with urllib.
 """
@@ -107,6 +108,14 @@ class EngineProcess:
                 pass
             time.sleep(0.1)
         self._fail(f"{self.url}{ready_path} did not answer 200 in time")
+
+    def terminate(self) -> None:
+        """Send SIGTERM without waiting (stop several engines at once, then stop() each)."""
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def stop(self, timeout_s: float = 10) -> int | None:
         """SIGTERM the engine's process group, SIGKILL after timeout_s. Returns the exit code."""
