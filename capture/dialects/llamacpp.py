@@ -38,7 +38,8 @@ class LlamaCppCompletion:
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         b: dict[str, Any] = {"prompt": spec.prompt, "n_predict": spec.max_tokens, "temperature": spec.temperature,
-                             "n_probs": spec.top_logprobs, "cache_prompt": True, "stream": spec.stream}
+                             "n_probs": spec.top_logprobs, "cache_prompt": True, "stream": spec.stream,
+                             "return_tokens": True}
         if spec.ignore_eos:
             b["ignore_eos"] = True
         b.update(spec.extra)
@@ -49,6 +50,14 @@ class LlamaCppCompletion:
         probs = obj.get("completion_probabilities")
         if probs:
             _probs(probs, acc, t)
+        elif obj.get("tokens") and not obj.get("stop"):
+            # n_probs 0: no probabilities, but stream events still carry `tokens: [id]`.
+            ids = obj["tokens"]
+            acc.ids.extend(ids)
+            acc.lps.extend([float("nan")] * len(ids))
+            acc.top_ids.extend([] for _ in ids)
+            acc.top_lps.extend([] for _ in ids)
+            acc.t.extend([t] * len(ids))
         if obj.get("stop") is True:
             acc.done = True
             acc.finish_reason = _FINISH.get(obj.get("stop_type", ""), obj.get("stop_type", ""))

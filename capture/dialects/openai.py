@@ -115,8 +115,7 @@ class OpenAICompletions:
                              "stream": spec.stream}
         if spec.model:
             b["model"] = spec.model
-        if spec.top_logprobs:
-            b["logprobs"] = spec.top_logprobs
+        b["logprobs"] = spec.top_logprobs  # even 0: the chosen tokens come inside the logprobs object
         if spec.stream:
             b["stream_options"] = {"include_usage": True}
         if spec.ignore_eos:
@@ -148,10 +147,8 @@ class OpenAIChat(OpenAICompletions):
             raise ConfigError(f"prompt {spec.key!r}: the openai-chat dialect needs a text prompt, got token ids")
         b = super().body(spec)
         b["messages"] = [{"role": "user", "content": b.pop("prompt")}]
-        b.pop("logprobs", None)
-        if spec.top_logprobs:
-            b["logprobs"] = True
-            b["top_logprobs"] = spec.top_logprobs
+        b["logprobs"] = True
+        b["top_logprobs"] = spec.top_logprobs
         b.update(spec.extra)
         return b
 

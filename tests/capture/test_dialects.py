@@ -65,3 +65,18 @@ def test_dialect_columns(capture_to, engine, dialect, prompt, cached, stream):
                 assert r.prompt_ids(i).tolist() == PROMPT_IDS
             else:
                 assert rec.prompt_len == -1 and rec.prompt_text == PROMPT
+
+
+def test_llamacpp_without_probabilities_still_records_ids():
+    """n_probs 0: llama.cpp stream events carry only `tokens: [id]`; ids are kept, logprobs NaN."""
+    from capture.dialects import Acc, get
+    from capture.sse import SSEDecoder
+
+    d, acc = get("llamacpp"), Acc()
+    for ev in SSEDecoder().feed(load("llamacpp-server__completion__stream.http").body):
+        obj = json.loads(ev.data)
+        obj.pop("completion_probabilities", None)
+        d.parse_event(obj, acc, 1.0)
+    cols = acc.columns(0, False, None)
+    assert cols.token_id.tolist() == IDS and np.isnan(cols.logprob).all() and acc.done
+    assert acc.cached_tokens == 9 and acc.finish_reason == "length"
