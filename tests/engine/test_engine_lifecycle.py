@@ -95,3 +95,13 @@ def test_api_key_required_when_configured(engine_factory, monkeypatch):
     assert asyncio.run(go({"Authorization": "Bearer wrong"})) == 401
     assert asyncio.run(go({"Authorization": "Bearer s3cret"})) == 200
     assert "s3cret" not in open(eng.log_path).read()
+
+
+def test_prompt_filling_the_context_exactly_is_served(engine):
+    """prompt + max_tokens == max_context is allowed and yields every asked token (the edge of the
+    'prompt too long' check)."""
+    status, body = asyncio.run(_post_raw(engine.url, json.dumps(
+        {"prompt": [5] * 2040, "max_tokens": 8, "temperature": 0, "ignore_eos": True}).encode()))
+    assert status == 200, body
+    u = body["usage"]
+    assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (2040, 8, 2048)

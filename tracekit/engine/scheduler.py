@@ -211,7 +211,7 @@ class Engine:
             reason = None
             if tok in self.runner.eos_ids and not r.ignore_eos:
                 reason = "stop"
-            elif r.generated >= r.max_tokens or r.length + 1 >= self.runner.max_context:
+            elif r.generated >= r.max_tokens or r.length >= self.runner.max_context:  # no room to feed it
                 reason = "length"
             if reason:
                 self._release(r)
