@@ -108,7 +108,7 @@ def test_interrupt_leaves_cancelled_rows(tmp_path):
     """SIGINT during a stall: in-flight requests become `cancelled` rows, finished ones stay."""
     pf = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "s", "prompt": "FAULT:stall"}])
     out = tmp_path / "c.h5"
-    with ReplayServer(routes_for("vllm"), stall_s=5.0) as srv:
+    with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
         p = subprocess.Popen([sys.executable, "-m", "tracekit", "capture", "--http", srv.url, "--prompts", pf,
                               "--out", str(out), "--concurrency", "2", "--top-logprobs", "5"],
                              env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True)
@@ -132,7 +132,7 @@ def test_sigkill_then_resume(tmp_path):
     cmd = [sys.executable, "-m", "tracekit", "capture", "--http", "", "--prompts", pf, "--out", str(out),
            "--concurrency", "4", "--top-logprobs", "5"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with ReplayServer(routes_for("vllm"), stall_s=5.0) as srv:
+    with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
         cmd[5] = srv.url
         p = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
         deadline = time.time() + 30
