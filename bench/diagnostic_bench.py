@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.runner import TORCH_DTYPES, run_histories, wrap_model  # noqa: E402
+from capture.teacher.runner import ATTNS, TORCH_DTYPES, resolve_attn, run_histories, wrap_model  # noqa: E402
 from capture.teacher.scoring import score  # noqa: E402
 
 PEAK_BF16_FLOPS = 768e12
@@ -57,7 +57,7 @@ def build_model(name: str, dtype: str, device: str, attn: str):
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device: a 4B model in seconds, not minutes
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, TORCH_DTYPES[dtype]),
-                                                 attn_implementation=attn)
+                                                 attn_implementation=resolve_attn(attn, device))
     return wrap_model(model.to(device).eval(), dtype, device)  # .to: a no-op unless the context was ignored
 
 
@@ -118,6 +118,8 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
     tokens = batch * inputs
     cell = {"seq_len": seq_len, "batch": batch, "scored_per_seq": n_gen, "histories": [h.label for h in hists],
             "time_s": {k: round(v, 5) for k, v in t.items()},
+            "time_s_all": {k: [round(x, 5) for x in v] for k, v in times.items()},
+            "host_s": host_times(lm, x, p - 1, hists),
             "tokens_per_s": {k: round(tokens / t[k], 1) for k in t if k != "diagnostic"},
             "vs_independent_forwards": round(t["diagnostic"] / (len(hists) * t["plain"]), 4),
             "vs_histories_alone": round(t["diagnostic"] / sum(t[h.label] for h in hists), 4),
@@ -127,7 +129,76 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
         layer_params = sum(q.numel() for q in lm.model.model.layers.parameters())
         f = flops(cfg, batch, inputs, n_gen, layer_params)
         cell["mfu_bf16"] = {k: round(f / t[k] / PEAK_BF16_FLOPS, 4) for k in t if k != "diagnostic"}
+        cell["decode_profile"] = profile_history(lm, x, p - 1, [h for h in hists if h.label == "decode"])
+        cell["numerics"] = numerics(lm, x, p - 1, hists)
     return cell
+
+
+def host_times(lm, x, first_scored: int, hists) -> dict:
+    """Per history without scoring: [seconds until run_histories returns (the
+    host has queued every kernel; it reads nothing back), seconds until the
+    device is done]. host ~ total means the history is host/launch-bound."""
+    out = {}
+    for h in hists:
+        _sync(lm.device)
+        t0 = time.perf_counter()
+        run_histories(lm, x, first_scored, [h])
+        host = time.perf_counter() - t0
+        _sync(lm.device)
+        out[h.label] = [round(host, 5), round(time.perf_counter() - t0, 5)]
+    return out
+
+
+def profile_history(lm, x, first_scored: int, hists) -> dict:
+    """torch.profiler counts over one run of `hists` (the decode history):
+    kernel launches and host<->device syncs, to tell launch overhead from syncs."""
+    if not hists:
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if lm.device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        run_histories(lm, x, first_scored, hists)
+        _sync(lm.device)
+    count = {}
+    for e in prof.events():
+        for key, names in (("launches", ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")),
+                           ("syncs", ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")),
+                           ("memcpy", ("cudaMemcpyAsync", "cudaMemcpy"))):
+            if e.name in names:
+                count[key] = count.get(key, 0) + 1
+    forwards = len(hists[0].ends)
+    return {"forwards": forwards, **count, "launches_per_forward": round(count.get("launches", 0) / forwards, 1)}
+
+
+def numerics(lm, x, first_scored: int, hists) -> dict:
+    """BF16 agreement of each history with `full`, under the loaded attention
+    and under transformers' own masked `sdpa`: max |logit difference|, the
+    fraction of scored positions whose argmax agrees, and the logit scale."""
+    import torch
+
+    model = lm.model
+    loaded = model.config._attn_implementation
+    runs = {loaded: run_histories(lm, x, first_scored, hists)}
+    if loaded != "sdpa":
+        try:  # the attention modules read config._attn_implementation at every forward
+            model.config._attn_implementation = "sdpa"
+            runs["sdpa"] = run_histories(lm, x, first_scored, hists)
+        except Exception as e:  # noqa: BLE001 - a diagnostic extra must not lose the timings
+            print(f"numerics: cannot switch to sdpa ({e})", file=sys.stderr)
+        finally:
+            model.config._attn_implementation = loaded
+    ref = runs[loaded]["full"].float()
+    out = {"logit_absmax": round(ref.abs().max().item(), 4)}
+    for attn, res in runs.items():
+        for h in hists:
+            y = res[h.label].float()
+            out[f"{attn}:{h.label}"] = {"max_abs_vs_full": round((y - ref).abs().max().item(), 5),
+                                        "argmax_agree": round((y.argmax(-1) == ref.argmax(-1)).float().mean().item(), 4)}
+            if attn != loaded:
+                out[f"{attn}:{h.label}"]["max_abs_vs_" + loaded] = round(
+                    (y - runs[loaded][h.label].float()).abs().max().item(), 5)
+    return out
 
 
 def parse_args(argv=None):
@@ -138,7 +209,8 @@ def parse_args(argv=None):
     ap.add_argument("--config", default=None, help=f"comma list of {', '.join(CONFIGS)} (default tiny)")
     ap.add_argument("--seq-len", default=None, help="comma list of sequence lengths (default 512; cuda 2048,8192)")
     ap.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default fp32 on cpu, bf16 on cuda)")
-    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    ap.add_argument("--attn", default="auto", choices=list(ATTNS),
+                    help="auto = sdpa_lower_right on cuda (flash for segments on a cache), sdpa on cpu")
     ap.add_argument("--batch", type=int, default=None, help="sequences per batch (default 8 on cpu, 1 on cuda)")
     ap.add_argument("--gen", type=int, default=32, help="scored (generated) positions per sequence")
     ap.add_argument("--histories", default="full,prefix:HALF,chunked:HALF,decode",
@@ -171,7 +243,8 @@ def main(argv=None) -> int:
     if bad:
         print(f"error: unknown --config {', '.join(bad)}; choose from {', '.join(CONFIGS)}", file=sys.stderr)
         return 2
-    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": dtype, "attn": a.attn,
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": dtype,
+              "attn": resolve_attn(a.attn, a.device),
               "torch": torch.__version__, "transformers": __import__("transformers").__version__,
               "threads": a.threads, "repeats": repeats, "cells": []}
     for name in configs:

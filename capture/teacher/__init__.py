@@ -14,6 +14,7 @@ from tracekit.errors import ConfigError
 from .diagnostic import (DiagnosticConfig, DiagnosticSummary, check_full_logits_size, full_logits_bytes,
                          run_diagnostic)
 from .history import History, HistorySpec, parse_dtypes, parse_histories
+from .runner import ATTNS
 from .sequences import Sequence, from_trace, read_prompts
 
 __all__ = ["DiagnosticConfig", "DiagnosticSummary", "History", "HistorySpec", "Sequence", "cli_run", "run_from_options",
@@ -64,8 +65,8 @@ def run_from_options(*, teacher_forced: str, out: str | None, history: str = "fu
         raise ConfigError("--keys selects requests of --from TRACE; with --prompts, edit the prompt file instead")
     if prompts is not None and not (max_tokens and max_tokens > 0):
         raise ConfigError("--prompts needs --max-tokens N (N >= 1): the number of tokens to generate greedily")
-    if attn not in ("sdpa", "eager"):
-        raise ConfigError(f"--attn {attn!r}: expected sdpa or eager")
+    if attn not in ATTNS:
+        raise ConfigError(f"--attn {attn!r}: expected one of {', '.join(ATTNS)}")
     if top_logprobs < 1:
         raise ConfigError(f"--top-logprobs must be >= 1, got {top_logprobs}")
     cfg = DiagnosticConfig(model_dir=teacher_forced, histories=parse_histories(history), dtypes=parse_dtypes(dtype),

@@ -106,8 +106,10 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
     import torch
     import transformers
 
+    from .runner import resolve_attn
+
     run = base_run(model=cfg.model_dir, histories=[s.label for s in cfg.histories], dtypes=list(cfg.dtypes),
-                   attn=cfg.attn, device=cfg.device, top_logprobs=cfg.topk, full_logits=cfg.full_logits,
+                   attn=resolve_attn(cfg.attn, cfg.device), device=cfg.device, top_logprobs=cfg.topk, full_logits=cfg.full_logits,
                    eos_token_ids=list(eos), torch=torch.__version__, transformers=transformers.__version__,
                    **extra)
     return RunMeta(source="teacher_forced", run=run,

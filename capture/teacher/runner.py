@@ -64,6 +64,7 @@ def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdp
         raise ConfigError("--device auto uses transformers' device_map='auto', which needs the accelerate "
                           "package (pip install accelerate); or pass --device cuda for one GPU")
     kwargs = {"device_map": "auto"} if device == "auto" else {}
+    attn = resolve_attn(attn, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, TORCH_DTYPES[dtype]),
                                                      attn_implementation=attn, **kwargs)
@@ -73,6 +74,24 @@ def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdp
     if device == "auto":  # inputs go where the embedding lives; accelerate's hooks move activations on
         return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device))
     return wrap_model(model.to(device).eval(), dtype, device)
+
+
+ATTNS = ("sdpa", "eager", "sdpa_lower_right", "auto")
+
+
+def resolve_attn(attn: str, device: str) -> str:
+    """The attn_implementation to load: `auto` is `sdpa_lower_right` on CUDA
+    (flash kernel for every segment, attention.py) and `sdpa` elsewhere (on
+    CPU both run the same masked kernel; `sdpa` keeps transformers' own path)."""
+    if attn not in ATTNS:
+        raise ConfigError(f"--attn {attn!r}: expected one of {', '.join(ATTNS)}")
+    if attn == "auto":
+        attn = "sdpa_lower_right" if device.startswith("cuda") or device == "auto" else "sdpa"
+    if attn == "sdpa_lower_right":
+        from .attention import register
+
+        register()
+    return attn
 
 
 def wrap_model(model: Any, dtype: str, device: str) -> LoadedModel:
@@ -123,29 +142,38 @@ def run_histories(lm: LoadedModel, ids, first_scored: int, histories: list[Histo
     """Logits [N, G, V] (model dtype) at positions first_scored.. of each history.
 
     ids: [N, n_inputs] long tensor on the model's device; every history's last
-    segment end must be n_inputs. Returns {history label: logits}.
+    segment end must be n_inputs. Returns {history label: logits}. Nothing
+    here reads a device value back to the host: the forwards queue up
+    asynchronously and the caller's scoring is the first sync.
     """
     import torch
 
     pieces: dict[str, list] = {h.label: [] for h in histories}
+    # Trie nodes still to run: (histories, depth, start, cache). A stack, not
+    # recursion: `decode` over G tokens is a chain G segments deep.
+    todo = [(list(histories), 0, 0, None)]
     with torch.inference_mode():
-        _visit(lm, ids, first_scored, list(histories), depth=0, start=0, cache=None, pieces=pieces)
+        while todo:
+            todo.extend(reversed(_run_node(lm, ids, first_scored, *todo.pop(), pieces)))
     return {label: torch.cat(p, dim=1) if len(p) > 1 else p[0] for label, p in pieces.items()}
 
 
-def _visit(lm, ids, first_scored, hists, depth, start, cache, pieces) -> None:
-    """Run the trie node reached by `depth` shared segments ending at `start`.
+def _run_node(lm, ids, first_scored, hists, depth, start, cache, pieces) -> list[tuple]:
+    """Run the forwards of the trie node reached by `depth` shared segments
+    ending at `start`; return its children that continue.
 
     Children are the distinct next segment ends; each runs once for all the
-    histories that take it. All but the last child get a forked cache.
+    histories that take it. All but the last child get a forked cache (taken
+    before the last child's forward extends `cache`).
     """
     children: dict[int, list[History]] = {}
     for h in hists:
         children.setdefault(h.ends[depth], []).append(h)
+    out = []
     for i, (end, group) in enumerate(children.items()):
-        continues = any(len(h.ends) > depth + 1 for h in group)
+        rest = [h for h in group if len(h.ends) > depth + 1]
         last = i == len(children) - 1
-        if continues:
+        if rest:
             child_cache = new_cache(lm.model) if cache is None else (cache if last else fork_cache(cache))
         else:
             # A leaf: no later segment reads this cache, but a segment after a
@@ -156,6 +184,6 @@ def _visit(lm, ids, first_scored, hists, depth, start, cache, pieces) -> None:
         if logits is not None:
             for h in group:
                 pieces[h.label].append(logits)
-        rest = [h for h in group if len(h.ends) > depth + 1]
         if rest:
-            _visit(lm, ids, first_scored, rest, depth + 1, end, child_cache, pieces)
+            out.append((rest, depth + 1, end, child_cache))
+    return out

@@ -105,7 +105,7 @@ def test_full_logits_over_1gb_refused_with_the_size(random_model_dir, tmp_path):
     ({"prompts": "p.jsonl"}, "--max-tokens"),
     ({"prompts": "nope.jsonl", "max_tokens": 3}, "no such prompt file"),
     ({"from_path": "nope.h5"}, "no such file"),
-    ({"prompts": "p.jsonl", "max_tokens": 3, "attn": "flash"}, "sdpa or eager"),
+    ({"prompts": "p.jsonl", "max_tokens": 3, "attn": "flash"}, "expected one of sdpa, eager, sdpa_lower_right, auto"),
     ({"prompts": "p.jsonl", "max_tokens": 3, "keys": "a"}, "--keys selects requests of --from"),
 ])
 def test_bad_options_are_config_errors(random_model_dir, tmp_path, monkeypatch, opts, msg):

@@ -1,0 +1,71 @@
+"""`sdpa_lower_right`: SDPA that keeps the flash kernel for a segment on a cache.
+
+transformers' `sdpa` attention can only pass `is_causal=True` when the query
+and key lengths are equal (or the query is one token): for a later segment of
+`prefix:B` or `chunked:C` (q_len < kv_len) it builds an explicit 4-D boolean
+mask and expands the grouped K/V heads (`repeat_kv`), and torch's SDPA then
+cannot run the flash kernel (a mask rules it out), so it falls back to the
+memory-efficient or math kernel. For a no-padding batch, which is all the
+diagnostic ever runs, the mask is exactly a lower-right-aligned causal mask,
+and torch has a name for that: `torch.nn.attention.bias.causal_lower_right`,
+which SDPA runs with the flash kernel (whose causal mask is lower-right
+aligned) and GQA natively on CUDA, and as a materialised boolean mask on CPU.
+
+    q_len == kv_len      is_causal=True            (as transformers' sdpa)
+    q_len == 1           no mask                   (as transformers' sdpa)
+    1 < q_len < kv_len   causal_lower_right(q, kv) (transformers: 4-D mask)
+
+Any call that does carry a mask (padding) goes to transformers' own `sdpa`
+function unchanged. `register()` adds the name to transformers'
+AttentionInterface and AttentionMaskInterface; load a model with
+`attn_implementation="sdpa_lower_right"`.
+"""
+
+from __future__ import annotations
+
+NAME = "sdpa_lower_right"
+
+
+def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                     is_causal=None, **kwargs):
+    """query [N, H, q, D], key/value [N, Hkv, kv, D] -> ([N, q, H, D], None)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if attention_mask is not None or kwargs.get("position_bias") is not None or q_len > kv_len \
+            or not getattr(module, "is_causal", True) or is_causal is False:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask, causal = None, False
+    if q_len == kv_len and q_len > 1:
+        causal = True
+    elif q_len > 1:
+        mask = causal_lower_right(q_len, kv_len)
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                                           is_causal=causal, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_padding_mask(*args, attention_mask=None, **kwargs):
+    """The mask builder for NAME: None (the attention function applies the
+    causal pattern itself) unless a 2-D padding mask masks something; then
+    transformers' own sdpa mask, which lower_right_sdpa hands to sdpa."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def register() -> str:
+    """Make NAME a valid `attn_implementation` (idempotent); returns NAME."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, lower_right_sdpa)
+    AttentionMaskInterface.register(NAME, _no_padding_mask)
+    return NAME
