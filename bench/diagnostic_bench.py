@@ -129,9 +129,18 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
         layer_params = sum(q.numel() for q in lm.model.model.layers.parameters())
         f = flops(cfg, batch, inputs, n_gen, layer_params)
         cell["mfu_bf16"] = {k: round(f / t[k] / PEAK_BF16_FLOPS, 4) for k in t if k != "diagnostic"}
-        cell["decode_profile"] = profile_history(lm, x, p - 1, [h for h in hists if h.label == "decode"])
-        cell["numerics"] = numerics(lm, x, p - 1, hists)
+        cell["decode_profile"] = _guarded(profile_history, lm, x, p - 1, [h for h in hists if h.label == "decode"])
+        cell["numerics"] = _guarded(numerics, lm, x, p - 1, hists)
     return cell
+
+
+def _guarded(fn, *args) -> dict:
+    """An extra measurement that fails records why instead of losing the timings."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        print(f"{fn.__name__}: {type(e).__name__}: {e}", file=sys.stderr)
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def host_times(lm, x, first_scored: int, hists) -> dict:

@@ -44,10 +44,24 @@ def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float =
         causal = True
     elif q_len > 1:
         mask = causal_lower_right(q_len, kv_len)
-    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    groups = getattr(module, "num_key_value_groups", 1)
+    if mask is not None and groups > 1 and query.is_cuda and not _flash_ok(query, key, value, dropout):
+        # CausalBias' non-flash CUDA path (memory-efficient kernel) takes no
+        # grouped K/V: expand them, as transformers' sdpa does with a mask.
+        from transformers.integrations.sdpa_attention import repeat_kv
+
+        key, value, groups = repeat_kv(key, groups), repeat_kv(value, groups), 1
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                           is_causal=causal, scale=scaling, enable_gqa=gqa)
+                                                           is_causal=causal, scale=scaling,
+                                                           enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _flash_ok(query, key, value, dropout: float) -> bool:
+    """Whether torch's flash kernel takes these inputs (grouped K/V included)."""
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    return bool(can_use_flash_attention(SDPAParams(query, key, value, None, dropout, False, True)))
 
 
 def _no_padding_mask(*args, attention_mask=None, **kwargs):
