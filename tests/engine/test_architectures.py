@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_prompts, greedy, run_concurrent, run_serial
+from engine_helpers import fixture_prompts, greedy, run_concurrent, run_serial
 
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "tiny"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from conftest import greedy, metric, run_serial
+from engine_helpers import greedy, metric, run_serial
 
 
 def test_second_request_reports_cached_prefix(engine):

@@ -9,7 +9,7 @@ import time
 import aiohttp
 import pytest
 
-from conftest import greedy, metric, run_serial
+from engine_helpers import greedy, metric, run_serial
 
 PROMPT = "def handle_request(self):\n    timeout = self.socket.gettimeout()\n"
 

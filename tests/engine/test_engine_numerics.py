@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import fixture_prompts, greedy, run_concurrent, run_serial
+from engine_helpers import fixture_prompts, greedy, run_concurrent, run_serial
 
 
 def _ids(responses: list[dict]) -> list[list[int]]:

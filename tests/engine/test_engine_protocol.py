@@ -8,7 +8,7 @@ import math
 
 import aiohttp
 
-from conftest import BF16_BASE, greedy, metric, run_serial
+from engine_helpers import BF16_BASE, greedy, metric, run_serial
 
 PROMPT = "class Node:\n    def __init__(self, value, next=None):\n        "
 
