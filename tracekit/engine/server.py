@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import signal
 import sys
@@ -25,7 +24,6 @@ from .protocol import BadRequest, LogprobsBuilder, envelope, error_body, new_id,
 from .scheduler import ErrorEvent, GenRequest
 from .textstream import TextStream
 
-log = logging.getLogger("tracekit.engine")
 MAX_BODY_BYTES = 1 << 20
 
 
