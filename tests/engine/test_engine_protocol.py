@@ -74,3 +74,12 @@ def test_stop_string_ends_the_request(engine):
     assert text == want
     assert events[-2]["choices"][0]["finish_reason"] == "stop" and events[-1] == {"done": True}
     assert metric(engine.url, "tracekit:requests_cancelled_total") == cancelled0
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    """temperature > 0 with a seed samples from a per-request generator: the same seed gives the same
+    tokens; another seed gives another sample."""
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 1.0, "return_token_ids": True, "ignore_eos": True}
+    a, b, c = run_serial(engine.url, [{**body, "seed": 7}, {**body, "seed": 7}, {**body, "seed": 8}])
+    ids = [r["choices"][0]["token_ids"] for r in (a, b, c)]
+    assert ids[0] == ids[1] != ids[2]
