@@ -63,3 +63,48 @@ def test_bf16_histories_differ_but_fp32_do_not(random_model_dir):
         gaps[dtype] = max((out[h.label].float() - out["full"].float()).abs().max().item() for h in hists[1:])
     assert gaps["fp32"] < 1e-5
     assert gaps["bf16"] > 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_lower_right_attention_is_bitwise_sdpa_on_cpu(random_model_dir, dtype):
+    """`sdpa_lower_right` only changes which CUDA kernel a segment on a cache
+    runs (flash instead of a masked kernel); on CPU it must be exactly sdpa."""
+    import torch
+
+    ids, p, g = _batch(n=2, p=40, g=16)
+    hists = _resolve(p, g, "full,prefix:17,chunked:7,decode")
+    out = {attn: run_histories(load_model(str(random_model_dir), dtype, attn=attn), ids[:, :-1], p - 1, hists)
+           for attn in ("sdpa", "sdpa_lower_right")}
+    for h in hists:
+        assert torch.equal(out["sdpa"][h.label], out["sdpa_lower_right"][h.label]), h.label
+
+
+def test_lower_right_attention_with_padding_takes_transformers_mask(random_model_dir):
+    """A padded batch (never built by the diagnostic) must still be right: the
+    mask goes to transformers' own sdpa path."""
+    import torch
+
+    ids, _, _ = _batch(n=2, p=20, g=4)
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0                                                   # left padding on row 0
+    logits = {}
+    for attn in ("sdpa", "sdpa_lower_right"):
+        lm = load_model(str(random_model_dir), "fp32", attn=attn)
+        with torch.inference_mode():
+            logits[attn] = lm.model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(logits["sdpa"], logits["sdpa_lower_right"])
+    with torch.inference_mode():
+        unpadded = lm.model(input_ids=ids).logits
+    assert (unpadded[0] - logits["sdpa"][0]).abs().max().item() > 1e-3   # the mask did something
+
+
+def test_decode_over_a_thousand_tokens_agrees_with_full(random_model_dir):
+    """`decode` is a chain of G single-token segments, run from a work stack
+    (no recursion per token); 1000 of them still reproduce `full` in FP32."""
+    import torch
+
+    ids, p, g = _batch(n=1, p=8, g=1000)
+    out = run_histories(load_model(str(random_model_dir), "fp32"), ids[:, :-1], p - 1, _resolve(p, g, "full,decode"))
+    assert out["decode"].shape == out["full"].shape == (1, g, 512)
+    assert (out["decode"] - out["full"]).abs().max().item() < 1e-5
+    assert torch.equal(out["decode"].argmax(-1), out["full"].argmax(-1))
