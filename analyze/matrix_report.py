@@ -88,11 +88,13 @@ def load_cells(root: str | Path) -> list[CellRow]:
         raise ConfigError(f"{root}: not a `tracekit run` directory (no cells/); run `tracekit run MATRIX --out DIR`")
     man = _json(root / "manifest.json") or {}
     ids = [c["id"] for c in man.get("cells", [])] or sorted(p.name for p in (root / "cells").iterdir())
+    diff_errors = {c["id"]: c.get("diff_error") for c in man.get("cells", [])}
     rows = []
     for cid in ids:
         cell = _json(root / "cells" / cid / "cell.json")
         if cell is None:
             raise ConfigError(f"{root}/cells/{cid}/cell.json: missing or not JSON; the run is incomplete")
+        cell["diff_error"] = diff_errors.get(cid)
         d = _json(root / "cells" / cid / "diff.json")
         checks = (_json(root / "cells" / cid / "checks.json") or {}).get("checks", [])
         perf = burst_perf(root / cell["burst"]) if cell.get("burst") else {}
@@ -167,7 +169,7 @@ def _failures(rows: list[CellRow]) -> list[str]:
         if r.ok:
             continue
         out.append(f"- **{r.cell['id']}**: " + "; ".join(
-            [f"{r.diff[k]} {k}" for k in FAILING if r.diff and r.diff[k]] + (["no diff (capture failed)"]
+            [f"{r.diff[k]} {k}" for k in FAILING if r.diff and r.diff[k]] + ([r.cell.get("diff_error") or "no diff"]
                                                                               if r.diff is None else [])
             + [f"{c['name']}: {c['summary']}" for c in r.checks if c["status"] == "fail"]))
     return (["### Failed cells", ""] + out + [""]) if out else []

@@ -35,6 +35,10 @@ def diff_cells(root: Path, outcomes) -> dict[str, str]:
         except TracekitError as e:
             errors[o.cell.id] = f"diff failed: {e}"
             continue
+        except Exception as e:  # noqa: BLE001 - an analysis crash on one cell must not lose the run:
+            # it is recorded as that cell's diff error (the cell then fails) and the run goes on.
+            errors[o.cell.id] = f"diff crashed: {type(e).__name__}: {e}"
+            continue
         doc = r.to_json()
         doc["a"], doc["b"] = o.baseline, o.burst   # relative to DIR: the directory can move
         (root / "cells" / o.cell.id / "diff.json").write_text(json.dumps(doc, indent=1) + "\n")
