@@ -141,7 +141,7 @@ def drift(root: Path, cell: dict, pair: dict, out: Path) -> None:
         ax.axvspan(t, max(n, t + 1) - 0.5, color="#eeeeee", zorder=0)
         ax.grid(alpha=0.3)
     ax1.legend(fontsize=8)
-    ax1.set_title(f"{_label(cell)} · key {pair['key']}: {pair['class']} at position {t} "
+    ax1.set_title(f"{_label(cell)} · key {pair['key']}\n{pair['class']} at position {t} "
                   f"(tokens {pair['token_a']} vs {pair['token_b']}); grey: after the divergence", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
