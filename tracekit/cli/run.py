@@ -77,7 +77,7 @@ def cmd(matrix, out, as_json) -> int:
     """Run a matrix file (docs/runner.md): per cell a serial baseline, a
     concurrent burst, their diff and lifecycle checks; everything under --out
     with a manifest, and the report in OUT/report/."""
-    from analyze.matrix_report import load_cells, text_table
+    from analyze.matrix_report import text_table
 
     rows, doc = execute(matrix, out)
     if as_json:
