@@ -178,6 +178,13 @@ def flip_evidence(al: Alignment, t: np.ndarray, div: np.ndarray, token_a: np.nda
     return ev
 
 
+def _take(col: np.ndarray, rows: np.ndarray, mask: np.ndarray, fill: int = -1) -> np.ndarray:
+    """col[rows] where mask, else fill; safe when col is empty (every request failed)."""
+    if not len(col) or not mask.any():
+        return np.full(len(rows), fill, dtype=np.int64)
+    return np.where(mask, col[np.where(mask, rows, 0)], fill)
+
+
 def classify(al: Alignment, thr: Thresholds, eos_ids: np.ndarray) -> dict[str, np.ndarray]:
     """All result columns [P] except `rule` and `teacher`."""
     P = len(al.keys)
@@ -192,8 +199,8 @@ def classify(al: Alignment, thr: Thresholds, eos_ids: np.ndarray) -> dict[str, n
     at = div | (comparable & (t == al.length) & (al.n_a != al.n_b))   # or one side ended early
     # Tokens at t (-1 where that side has no row t).
     has_a, has_b = at & (t < al.n_a), at & (t < al.n_b)
-    token_a = np.where(has_a, al.a.token_id[np.where(has_a, al.off_a + t, 0)] if P else 0, -1)
-    token_b = np.where(has_b, al.b.token_id[np.where(has_b, al.off_b + t, 0)] if P else 0, -1)
+    token_a = _take(al.a.token_id, al.off_a + t, has_a)
+    token_b = _take(al.b.token_id, al.off_b + t, has_b)
     ev = flip_evidence(al, t, div, token_a, token_b, thr)
     tie, numeric = ev.pop("tie"), ev.pop("numeric")
 

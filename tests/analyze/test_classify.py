@@ -237,3 +237,12 @@ def test_traces_without_topk_cannot_prove_a_tie(tmp_path):
     """Top-k width 0 (an engine that returns no logprobs): a flip is unexplained, identical stays identical."""
     p = one(tmp_path, Req("k", BASE), Req("k", with_flip(BASE, 1, 99)), k=0)
     assert (p.cls, p.position, p.gap_a, p.vllm_close, p.topk_overlap) == ("unexplained", 1, None, False, None)
+
+
+def test_side_without_any_tokens_is_incomparable_not_a_crash(tmp_path):
+    """Every request of B failed (an engine that rejected the whole burst): B holds no
+    token rows at all. Each pair is incomparable and said so; the diff must not crash."""
+    a = write_trace(tmp_path / "a.h5", [Req("p0", [5, 6, 7]), Req("p1", [5, 6])])
+    b = write_trace(tmp_path / "b.h5", [Req("p0", [], status="error"), Req("p1", [], status="error")])
+    r = diff(a, b)
+    assert r.counts()["incomparable"] == 2 and not r.ok
