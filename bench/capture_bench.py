@@ -98,7 +98,7 @@ def serve(port_file: str, n_tokens: int) -> None:
 
 
 # ---- clients -------------------------------------------------------------------------------
-async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "chunks") -> int:
+async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "chunks", loads=json.loads) -> int:
     """Read every stream and count token events. mode "chunks": `iter_any()` and split on
     blank lines (the leanest reader); "lines": `async for line in resp.content`, as the
     vLLM / SGLang benchmark clients read SSE; "json": chunks plus one json.loads per
@@ -108,7 +108,6 @@ async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "
     sem = asyncio.Semaphore(concurrency)
     conn = aiohttp.TCPConnector(limit=concurrency)
     body = json.dumps({"model": "bench", "prompt": [1, 2, 3], "max_tokens": 1, "stream": True})
-    loads = json.loads
 
     async def one(session) -> int:
         n, buf = 0, b""

@@ -8,12 +8,23 @@ comment lines (`: ping`, which many servers send as keep-alives), multi-line
 `data:` fields, and `data:` with or without the space after the colon (TGI
 omits it). It does not parse JSON and knows nothing about engines: the
 dialects do that.
+
+Two entry points over one state: `feed()` returns `SSEEvent`s with text data
+(the spec's types); `feed_data()`, the capture hot path, returns each default-
+type event's data as the raw UTF-8 bytes a JSON parser takes directly, and an
+`SSEEvent` only for events with an `event:` type. Its fast path handles what
+engines send almost always (LF only, one `data:` line per event, blank-line
+separated) with one bytes split per chunk and no decoding; anything else (CR,
+multi-line data, `event:` / `id:` fields, a BOM) goes through the line-by-line
+spec path, event by event, so both give the same events at any chunking.
 """
 
 from __future__ import annotations
 
 import codecs
 from typing import NamedTuple
+
+_BOM = b"\xef\xbb\xbf"
 
 
 class SSEEvent(NamedTuple):
@@ -27,7 +38,7 @@ class SSEEvent(NamedTuple):
 class SSEDecoder:
     """Incremental SSE decoder. `feed(bytes) -> [SSEEvent]`, then `close()`."""
 
-    __slots__ = ("_utf8", "_buf", "_data", "_event", "_id", "_pending_cr", "_started")
+    __slots__ = ("_utf8", "_buf", "_data", "_event", "_id", "_pending_cr", "_started", "_raw", "_slow")
 
     def __init__(self) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -37,8 +48,44 @@ class SSEDecoder:
         self._id = ""
         self._pending_cr = False  # chunk ended in "\r": a "\n" may follow in the next one
         self._started = False     # the BOM may only be stripped at the very start
+        self._raw = b""           # fast path: bytes after the last b"\n\n" (never a whole event)
+        self._slow = False        # the spec path holds state (a partial line, field or UTF-8 char)
+
+    def feed_data(self, chunk: bytes) -> list[bytes | SSEEvent]:
+        """Raw `data` bytes of each completed default-type event (several lines joined
+        with b"\n"), or an SSEEvent (text) for an event with an `event:` type. Event
+        ids are not reported. Use either feed() or feed_data() on one stream, not both."""
+        if self._slow or b"\r" in chunk:
+            return self._feed_slow(chunk)
+        if not self._started:
+            if _BOM.startswith(chunk[:3]):  # the stream may start with a BOM (or be empty so far)
+                return self._feed_slow(chunk)
+            self._started = True
+        parts = (self._raw + chunk).split(b"\n\n") if self._raw else chunk.split(b"\n\n")
+        self._raw = parts.pop()
+        out: list = []
+        for p in parts:
+            # The common event: one `data:` line (with or without the space) and nothing else.
+            if p[:5] == b"data:" and b"\n" not in p:
+                out.append(p[6:] if p[5:6] == b" " else p[5:])
+            elif p[:1] == b":" and b"\n" not in p:
+                continue  # a lone comment line, e.g. a keep-alive ping
+            elif p:
+                out += self._slow_events(p + b"\n\n")
+        return out
+
+    def _feed_slow(self, chunk: bytes) -> list:
+        raw, self._raw = self._raw, b""
+        out = self._slow_events(raw + chunk if raw else chunk)
+        # Back to the fast path once the spec path holds nothing between calls.
+        self._slow = bool(self._buf or self._data or self._event or self._pending_cr or self._utf8.getstate()[0])
+        return out
+
+    def _slow_events(self, chunk: bytes) -> list:
+        return [ev if ev.event else ev.data.encode() for ev in self.feed(chunk)]
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """The spec path, line by line on text: every field, any line ends."""
         text = self._utf8.decode(chunk)
         if not self._started and text:
             self._started = True
@@ -90,6 +137,8 @@ class SSEDecoder:
     @property
     def partial(self) -> bool:
         """True when bytes of an unfinished event are buffered (a stream cut mid-event)."""
+        if self._raw:  # the fast path's tail never holds a whole event: let the spec path judge it
+            self._feed_slow(b"")
         return bool(self._buf) or bool(self._data) or bool(self._event)
 
     def close(self) -> list[SSEEvent]:
