@@ -34,6 +34,17 @@ def test_fp32_concurrent_equals_serial(engine_factory, cache_args):
         assert sum(c > 0 for c in _cached(conc)) >= 8
 
 
+def test_fp32_chunked_prefill_interleaves_and_matches(engine_factory):
+    """--prefill-chunk splits prompts into several forwards with decode steps of other requests in
+    between; in FP32 the tokens must equal the unchunked engine's."""
+    chunked = engine_factory("--prefill-chunk", "7")
+    plain = engine_factory("--no-prefix-cache")
+    bodies = [greedy(p["prompt"], 16) for p in fixture_prompts()]
+    want = _ids(run_serial(plain.url, bodies))
+    assert _ids(run_concurrent(chunked.url, bodies, concurrency=8)) == want
+    assert _ids(run_serial(chunked.url, bodies)) == want
+
+
 @pytest.mark.slow
 def test_bf16_prefix_reuse_diverges(engine_factory, bf16_baseline):
     """BF16 with prefix reuse and batching must show divergences from the serial no-cache baseline:

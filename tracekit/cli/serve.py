@@ -25,6 +25,8 @@ FAULTS = ["corrupt-prefix-cache"]
 @click.option("--cache-blocks", type=click.IntRange(1), default=4096, show_default=True,
               help="Prefix-cache capacity in blocks (LRU beyond).")
 @click.option("--no-prefix-cache", is_flag=True, help="Disable prefix reuse.")
+@click.option("--prefill-chunk", type=click.IntRange(0), default=0, show_default=True,
+              help="Prompt tokens per prefill forward, decode steps run in between (0 = whole prompt).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 = any free port.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
@@ -34,8 +36,8 @@ FAULTS = ["corrupt-prefix-cache"]
 @click.option("--inject-fault", type=click.Choice(FAULTS), default=None,
               help="TESTING ONLY: corrupt reused prefix-cache blocks like a block-ownership bug.")
 @click.option("-v", "--verbose", is_flag=True, help="Log engine internals to stderr.")
-def cmd(model_dir, dtype, attn, slots, max_context, block_size, cache_blocks, no_prefix_cache, host, port, device,
-        threads, api_key_env, served_model_name, inject_fault, verbose) -> None:
+def cmd(model_dir, dtype, attn, slots, max_context, block_size, cache_blocks, no_prefix_cache, prefill_chunk,
+        host, port, device, threads, api_key_env, served_model_name, inject_fault, verbose) -> None:
     """Serve a causal LM over an OpenAI-compatible /v1/completions API.
 
     Prints `tracekit serve: listening on http://HOST:PORT` on stderr once the
@@ -56,5 +58,5 @@ def cmd(model_dir, dtype, attn, slots, max_context, block_size, cache_blocks, no
     cfg = ServeConfig(model_dir=model_dir, dtype=dtype, attn=attn, slots=slots, max_context=max_context,
                       block_size=block_size, prefix_cache=not no_prefix_cache, cache_blocks=cache_blocks,
                       host=host, port=port, device=device, api_key=api_key, fault=inject_fault,
-                      served_name=served_model_name, threads=threads)
+                      served_name=served_model_name, threads=threads, prefill_chunk=prefill_chunk)
     asyncio.run(serve(cfg))

@@ -104,7 +104,7 @@ class ModelRunner:
         """Run tokens[start:] on top of the slot's KV [0, start). Returns last-position logits [1, V]."""
         from transformers import DynamicCache
 
-        self._batch = None
+        self._forget_batch(slot)
         cache = DynamicCache()
         if start > 0:
             for layer in range(self.n_layers):
@@ -156,6 +156,11 @@ class ModelRunner:
         mask[:, :lmax] = (src >= 0).long()
         return _Batch(tuple(slots), list(lengths), kv, mask, lmax, cap)
 
+    def _forget_batch(self, slot: int) -> None:
+        """A slot refilled for a new request invalidates the running batch that holds it."""
+        if self._batch is not None and slot in self._batch.slots:
+            self._batch = None
+
     def kv_slice(self, slot: int, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of the slot's KV for positions [start, end): per layer [Hkv, end-start, D]."""
         return ([self.kv[slot, layer, 0, :, start:end].clone() for layer in range(self.n_layers)],
@@ -164,7 +169,7 @@ class ModelRunner:
     def load_kv(self, slot: int, start: int, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
         """Write per-layer KV blocks [Hkv, n, D] into the slot at positions [start, start+n)."""
         n = ks[0].shape[1]
-        self._batch = None
+        self._forget_batch(slot)
         for layer in range(self.n_layers):
             self.kv[slot, layer, 0, :, start:start + n] = ks[layer]
             self.kv[slot, layer, 1, :, start:start + n] = vs[layer]

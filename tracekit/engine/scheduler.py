@@ -1,9 +1,11 @@
 """The owner loop: one thread holds the model, N slots, a waiting queue and the prefix cache.
 
 Each iteration: take new submissions and cancellations, free the slots of
-cancelled requests, admit waiting requests into free slots (one prefill
-forward each, reusing the longest cached block-aligned prefix), then run ONE
-batched decode forward over every active slot. New requests therefore join
+cancelled requests, admit waiting requests into free slots (reusing the
+longest cached block-aligned prefix), advance every prefilling request by one
+prefill forward (the whole rest of its prompt, or one chunk of
+`prefill_chunk` tokens, so long prompts do not stall the others), then run ONE
+batched decode forward over every slot that has finished its prefill. New requests therefore join
 between decode steps (continuous batching). Results leave through each
 request's `emit` callback. With `post` unset, `emit` is called on the loop
 thread and must be thread-safe; with `post` set (the HTTP server passes its
@@ -61,6 +63,7 @@ class GenRequest:
     next_id: int = -1            # last chosen token, not yet in the KV
     generated: int = 0
     cached_tokens: int = 0
+    prefilling: bool = False     # admitted, prompt KV not complete yet
     generator: object = None
 
 
@@ -82,8 +85,10 @@ class Engine:
     """Owns the runner. Call start(); submit() and cancel() are safe from any thread."""
 
     def __init__(self, runner: ModelRunner, prefix_cache: PrefixCache | None,
-                 post: Callable[[Callable[[], None]], None] | None = None, threads: int = 0):
+                 post: Callable[[Callable[[], None]], None] | None = None, threads: int = 0,
+                 prefill_chunk: int = 0):
         self.runner, self.cache, self.post, self.threads = runner, prefix_cache, post, threads
+        self.prefill_chunk = prefill_chunk  # tokens per prefill forward; 0 = the whole prompt
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque[GenRequest] = collections.deque()
         self.active: list[GenRequest] = []
@@ -123,8 +128,8 @@ class Engine:
             t0 = time.perf_counter()
             try:
                 self._admit()
-                if self.active:
-                    self._decode_step()
+                self._prefill_step()
+                self._decode_step()
             except Exception as e:  # a failed forward must not kill the server: fail the rows, go on
                 log.exception("engine step failed")
                 for r in list(self.active):
@@ -132,6 +137,17 @@ class Engine:
                     self.counters.errors += 1
                     self._deliver([(r, ErrorEvent(f"engine error: {type(e).__name__}: {e}"))])
             self.counters.busy_s += time.perf_counter() - t0
+
+    def run_until_idle(self) -> None:
+        """Serve everything submitted, on the calling thread (benches and offline use; never
+        while the owner thread runs)."""
+        self._drain(block=False)
+        while self.waiting or self.active:
+            self._reap()
+            self._admit()
+            self._prefill_step()
+            self._decode_step()
+            self._drain(block=False)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -165,32 +181,43 @@ class Engine:
             r.slot = -1
 
     def _admit(self) -> None:
+        """Give waiting requests free slots and their cached prefix KV; computing starts next."""
+        run = self.runner
         while self.free_slots and self.waiting:
             r = self.waiting.popleft()
             r.slot = self.free_slots.pop()
             self.active.append(r)
-            self._prefill(r)
+            start = 0
+            if self.cache is not None:
+                start, blocks = self.cache.lookup(r.prompt_ids)
+                for i, blk in enumerate(blocks):
+                    run.load_kv(r.slot, i * self.cache.block_size, blk.keys, blk.values)
+            r.cached_tokens, r.length, r.prefilling = start, start, True
+            self.counters.prompt_tokens += len(r.prompt_ids)
+            if r.seed is not None and r.temperature > 0:
+                import torch
+                r.generator = torch.Generator().manual_seed(r.seed)
 
-    def _prefill(self, r: GenRequest) -> None:
-        run, start = self.runner, 0
-        if self.cache is not None:
-            start, blocks = self.cache.lookup(r.prompt_ids)
-            for i, blk in enumerate(blocks):
-                run.load_kv(r.slot, i * self.cache.block_size, blk.keys, blk.values)
-        r.cached_tokens = start
-        logits = run.prefill(r.slot, r.prompt_ids, start)
-        r.length = len(r.prompt_ids)
-        if self.cache is not None:
-            self.cache.insert(r.prompt_ids, r.length, lambda a, b: run.kv_slice(r.slot, a, b))
-        self.counters.prefills += 1
-        self.counters.prompt_tokens += r.length
-        if r.seed is not None and r.temperature > 0:
-            import torch
-            r.generator = torch.Generator().manual_seed(r.seed)
-        self._emit_step([r], logits)
+    def _prefill_step(self) -> None:
+        """One prefill forward per prefilling request; the last one yields its first token."""
+        run = self.runner
+        for r in [r for r in self.active if r.prefilling]:
+            n = len(r.prompt_ids)
+            end = n if self.prefill_chunk <= 0 else min(n, r.length + self.prefill_chunk)
+            logits = run.prefill(r.slot, r.prompt_ids[:end], r.length)
+            r.length = end
+            self.counters.prefills += 1
+            if end < n:
+                continue
+            r.prefilling = False
+            if self.cache is not None:
+                self.cache.insert(r.prompt_ids, n, lambda a, b, s=r.slot: run.kv_slice(s, a, b))
+            self._emit_step([r], logits)
 
     def _decode_step(self) -> None:
-        rows = list(self.active)
+        rows = [r for r in self.active if not r.prefilling]
+        if not rows:
+            return
         logits = self.runner.decode([r.slot for r in rows], [r.length for r in rows], [r.next_id for r in rows])
         for r in rows:
             r.length += 1

@@ -44,6 +44,7 @@ class ServeConfig:
     fault: str | None = None
     served_name: str | None = None
     threads: int = 0
+    prefill_chunk: int = 0
 
 
 def json_error(status: int, message: str, err_type: str = "invalid_request_error", param=None, code=None):
@@ -73,7 +74,8 @@ class App:
         c = self.cfg
         self.runner = ModelRunner(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
         cache = PrefixCache(c.block_size, c.cache_blocks, c.fault) if c.prefix_cache else None
-        self.engine = Engine(self.runner, cache, post=self.loop.call_soon_threadsafe, threads=c.threads)
+        self.engine = Engine(self.runner, cache, post=self.loop.call_soon_threadsafe, threads=c.threads,
+                             prefill_chunk=c.prefill_chunk)
         self.engine.start()
 
     def meta(self) -> dict:
@@ -81,7 +83,7 @@ class App:
         return {"engine": "tracekit", "version": __version__, "eos_token_ids": r.eos_ids, "vocab_size": r.vocab_size,
                 "dtype": c.dtype, "logits_dtype": c.dtype, "attn": c.attn, "device": c.device,
                 "max_context": r.max_context, "slots": c.slots, "block_size": c.block_size,
-                "prefix_cache": c.prefix_cache, "inject_fault": c.fault, "model_type": r.model_type,
+                "prefix_cache": c.prefix_cache, "prefill_chunk": c.prefill_chunk, "inject_fault": c.fault, "model_type": r.model_type,
                 "model_dir": os.path.abspath(c.model_dir), "max_logprobs": 20}
 
     # ---- middleware -------------------------------------------------------------------------
