@@ -82,7 +82,7 @@ def _timed(fn, device: str) -> float:
     return time.perf_counter() - t0
 
 
-def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats: int) -> dict:
+def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats: int, diagnose: bool = False) -> dict:
     """Time plain forwards, each history alone and the whole diagnostic for one length."""
     import torch
 
@@ -119,7 +119,6 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
     cell = {"seq_len": seq_len, "batch": batch, "scored_per_seq": n_gen, "histories": [h.label for h in hists],
             "time_s": {k: round(v, 5) for k, v in t.items()},
             "time_s_all": {k: [round(x, 5) for x in v] for k, v in times.items()},
-            "host_s": host_times(lm, x, p - 1, hists),
             "tokens_per_s": {k: round(tokens / t[k], 1) for k in t if k != "diagnostic"},
             "vs_independent_forwards": round(t["diagnostic"] / (len(hists) * t["plain"]), 4),
             "vs_histories_alone": round(t["diagnostic"] / sum(t[h.label] for h in hists), 4),
@@ -129,6 +128,8 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
         layer_params = sum(q.numel() for q in lm.model.model.layers.parameters())
         f = flops(cfg, batch, inputs, n_gen, layer_params)
         cell["mfu_bf16"] = {k: round(f / t[k] / PEAK_BF16_FLOPS, 4) for k in t if k != "diagnostic"}
+    if diagnose:  # ~10-20 s a cell on an H200 (the profiler's trace dominates): opt-in
+        cell["host_s"] = host_times(lm, x, p - 1, hists)
         cell["decode_profile"] = _guarded(profile_history, lm, x, p - 1, [h for h in hists if h.label == "decode"])
         cell["numerics"] = _guarded(numerics, lm, x, p - 1, hists)
     return cell
@@ -227,6 +228,9 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (the minimum is reported)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1: on a shared machine, busy neighbours stall OpenMP barriers)")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also record per-history host time, a profile of decode (launches, syncs) and, on cuda, "
+                         "BF16 agreement with full under this attention and under transformers' sdpa")
     ap.add_argument("--quick", action="store_true", help="small and fast (< 1 minute on CPU)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--out-json", default=None, help="also write the JSON object to this path")
@@ -261,7 +265,7 @@ def main(argv=None) -> int:
         lm = build_model(name, dtype, a.device, a.attn)
         print(f"built {name} ({dtype}, {a.device}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         for s in seq_lens:
-            cell = {"config": name, **bench_cell(lm, s, batch, a.gen, a.histories, repeats)}
+            cell = {"config": name, **bench_cell(lm, s, batch, a.gen, a.histories, repeats, a.diagnose)}
             result["cells"].append(cell)
             if a.out_json:  # after every cell, so a run cut short still leaves its figures
                 _summarise(result)
