@@ -38,7 +38,7 @@ def summarize(path: str) -> dict:
     return out
 
 
-@click.command(epilog="Example: tracekit inspect traces/demo/serial_bf16.h5 --json")
+@click.command(epilog="Example: tracekit inspect traces/demo/groups/ref.bf16.cache-on.code16.out32/serial.h5 --json")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def cmd(file: str, as_json: bool) -> None:
