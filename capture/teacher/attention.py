@@ -11,14 +11,17 @@ and torch has a name for that: `torch.nn.attention.bias.causal_lower_right`,
 which SDPA runs with the flash kernel (whose causal mask is lower-right
 aligned) and GQA natively on CUDA, and as a materialised boolean mask on CPU.
 
-    q_len == kv_len      is_causal=True            (as transformers' sdpa)
-    q_len == 1           no mask                   (as transformers' sdpa)
-    1 < q_len < kv_len   causal_lower_right(q, kv) (transformers: 4-D mask)
+    q_len == kv_len      transformers' sdpa, is_causal=True (unchanged)
+    q_len == 1           transformers' sdpa, no mask        (unchanged)
+    1 < q_len < kv_len   causal_lower_right(q, kv)          (sdpa: a 4-D mask)
 
-Any call that does carry a mask (padding) goes to transformers' own `sdpa`
-function unchanged. `register()` adds the name to transformers'
-AttentionInterface and AttentionMaskInterface; load a model with
-`attn_implementation="sdpa_lower_right"`.
+Any call that does carry a mask (padding) also goes to transformers' own
+`sdpa` function unchanged. So only the later segments of `prefix:B` and
+`chunked:C` change kernel: on CUDA they run flash instead of a masked kernel
+(BF16 logits move by about as much as the history itself moves them; see
+docs/diagnostic.md); on CPU the result is bitwise that of `sdpa` (tested).
+`register()` adds the name to transformers' AttentionInterface and
+AttentionMaskInterface; load a model with `attn_implementation=NAME`.
 """
 
 from __future__ import annotations
@@ -33,26 +36,25 @@ def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float =
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     q_len, kv_len = query.shape[2], key.shape[2]
-    if attention_mask is not None or kwargs.get("position_bias") is not None or q_len > kv_len \
+    if attention_mask is not None or kwargs.get("position_bias") is not None or not 1 < q_len < kv_len \
             or not getattr(module, "is_causal", True) or is_causal is False:
+        # Everything but a segment on a cache is transformers' own sdpa call,
+        # exactly as `sdpa` makes it when its mask builder skips the mask
+        # (q_len == kv_len or q_len == 1, no padding), so those numerics stay.
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     from torch.nn.attention.bias import causal_lower_right
 
-    mask, causal = None, False
-    if q_len == kv_len and q_len > 1:
-        causal = True
-    elif q_len > 1:
-        mask = causal_lower_right(q_len, kv_len)
+    mask = causal_lower_right(q_len, kv_len)
     groups = getattr(module, "num_key_value_groups", 1)
-    if mask is not None and groups > 1 and query.is_cuda and not _flash_ok(query, key, value, dropout):
+    if groups > 1 and query.is_cuda and not _flash_ok(query, key, value, dropout):
         # CausalBias' non-flash CUDA path (memory-efficient kernel) takes no
         # grouped K/V: expand them, as transformers' sdpa does with a mask.
         from transformers.integrations.sdpa_attention import repeat_kv
 
         key, value, groups = repeat_kv(key, groups), repeat_kv(value, groups), 1
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                           is_causal=causal, scale=scaling,
+                                                           is_causal=False, scale=scaling,
                                                            enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous(), None
 

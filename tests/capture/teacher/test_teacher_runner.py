@@ -108,3 +108,24 @@ def test_decode_over_a_thousand_tokens_agrees_with_full(random_model_dir):
     assert out["decode"].shape == out["full"].shape == (1, g, 512)
     assert (out["decode"] - out["full"]).abs().max().item() < 1e-5
     assert torch.equal(out["decode"].argmax(-1), out["full"].argmax(-1))
+
+
+def test_lower_right_mask_lets_the_last_query_see_every_key():
+    """The segment-on-a-cache case against attention written out by hand:
+    query i of q attends to keys 0 .. kv-q+i (lower-right alignment); an
+    upper-left mask would hide the cached prefix from the first queries."""
+    import torch
+
+    from capture.teacher.attention import lower_right_sdpa
+
+    class Attn(torch.nn.Module):
+        num_key_value_groups, is_causal = 2, True
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, n, 16, generator=gen, dtype=torch.float64) for h, n in ((4, 5), (2, 9), (2, 9)))
+    out, _ = lower_right_sdpa(Attn(), q, k, v, None, scaling=0.25)            # [1, 5, 4, 16]
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)     # [1, 4, 9, 16]
+    scores = q @ kk.transpose(-1, -2) * 0.25                                  # [1, 4, 5, 9]
+    allowed = torch.arange(9)[None, :] <= torch.arange(5)[:, None] + (9 - 5)
+    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ vv
+    assert (out - ref.transpose(1, 2)).abs().max().item() < 1e-12
