@@ -41,7 +41,7 @@ class Acc:
     top_ids / top_lps / top_logits: one list of length <= k per token."""
 
     __slots__ = ("ids", "lps", "t", "top_ids", "top_lps", "top_logits", "strs", "top_strs", "top_maps",
-                 "tok_strs", "finish_reason", "cached_tokens", "prompt_len", "prompt_ids", "done", "n_events", "seen")
+                 "tok_strs", "top_keys", "top_vals", "top_w", "finish_reason", "cached_tokens", "prompt_len", "prompt_ids", "done", "n_events", "seen")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
@@ -57,6 +57,13 @@ class Acc:
         # per-token work in the hot path is a few list appends.
         self.top_maps: list[dict] | None = None
         self.tok_strs: list[str] | None = None
+        # The compact form of the same (used while no key holds a space, e.g. vLLM's
+        # "token_id:N"): per token its keys joined by " " and its width; all values in one
+        # flat list. Keeping the parsed dicts alive costs ~3 KB of Python objects a token at
+        # k=20 (allocation and cache misses: ~1.3 us a token); this keeps ~1 KB.
+        self.top_keys: list[str] | None = None
+        self.top_vals: list[float] | None = None
+        self.top_w: list[int] | None = None
         self.finish_reason = ""
         self.cached_tokens = -1                    # -1: not reported (never 0 for "absent")
         self.prompt_len = -1
@@ -68,7 +75,7 @@ class Acc:
     def columns(self, k: int, raw_logits: bool, to_ids: Callable[[list[str]], list[int]] | None) -> TokenColumns:
         """Build the numpy columns once: [n], [n, k]; pads short top-k rows with -1 / NaN."""
         n = len(self.lps)
-        if self.top_maps is not None:
+        if self.tok_strs is not None:
             return self._legacy_columns(k, raw_logits, to_ids)
         ids, top_ids_rows = self.ids, self.top_ids
         if self.strs is not None and to_ids is not None:
@@ -98,23 +105,70 @@ class Acc:
                             np.asarray(self.t, np.float64), tid, tlp, tlg)
 
 
+    def start_legacy(self) -> None:
+        """First legacy-layout token of the request: accumulate in the compact form."""
+        if self.lps:  # a chat-style request switching layout: not seen in the wild
+            raise EngineErrorEvent("logprobs switched between the chat-style and legacy layouts mid-stream")
+        self.tok_strs, self.top_keys, self.top_vals, self.top_w = [], [], [], []
+
+    def add_tops(self, tops: list[dict]) -> None:
+        """Legacy `top_logprobs` dicts, one per token, in the compact form while it is exact."""
+        keys, vals, widths = self.top_keys, self.top_vals, self.top_w
+        if keys is None:
+            self.top_maps.extend(tops)
+            return
+        for i, d in enumerate(tops):
+            s = " ".join(d)
+            w = len(d)
+            if w and s.count(" ") >= w:  # a key holds a space: the join would not split back
+                self._to_maps()
+                self.top_maps.extend(tops[i:])
+                return
+            keys.append(s)
+            vals.extend(d.values())
+            widths.append(w)
+
+    def _to_maps(self) -> None:
+        maps, off = [], 0
+        for s, w in zip(self.top_keys, self.top_w):
+            maps.append(dict(zip(s.split(" ") if w else (), self.top_vals[off:off + w])))
+            off += w
+        self.top_maps, self.top_keys, self.top_vals, self.top_w = maps, None, None, None
+
+    def _legacy_tops(self, to_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """widths [n], flat top ids [sum w], flat values [sum w] of the legacy layout."""
+        if self.top_keys is None:
+            maps = self.top_maps
+            widths = np.fromiter(map(len, maps), np.int64, len(maps))
+            keys = list(chain.from_iterable(maps))
+            vals = np.fromiter(chain.from_iterable(map(dict.values, maps)), np.float64, len(keys))
+            return widths, vals, _ids_of(keys, to_ids)
+        widths = np.asarray(self.top_w, np.int64)
+        vals = np.asarray(self.top_vals, np.float64)
+        total = len(vals)
+        ids = _token_id_ints(" ".join(self.top_keys), total)
+        if ids is None:  # not all vLLM ids: split back and map them
+            keys = list(chain.from_iterable(_split_keys(s, w) for s, w in zip(self.top_keys, self.top_w)))
+            ids = _ids_of(keys, to_ids)
+        return widths, vals, ids
+
     def _legacy_columns(self, k: int, raw_logits: bool, to_ids) -> TokenColumns:
-        """Vectorised conversion of the legacy dicts: [n] dicts of width w_i -> [n, k]."""
-        n, maps = len(self.lps), self.top_maps
-        widths = np.fromiter(map(len, maps), np.int64, n)
-        keys = list(chain.from_iterable(maps))
-        vals = np.fromiter(chain.from_iterable(map(dict.values, maps)), np.float64, len(keys))
+        """Vectorised conversion of the legacy tops: [n] rows of width w_i -> [n, k]."""
+        n = len(self.lps)
+        if self.top_keys is not None and len(self.top_w) != n or self.top_maps is not None and len(self.top_maps) != n:
+            raise ValueError(f"{n} tokens but top-k rows for {len(self.top_w or self.top_maps)}")
+        widths, vals, flat = self._legacy_tops(to_ids)
         if len(self.ids) == n:
             chosen = np.asarray(self.ids, np.int64)
         else:
             chosen = _ids_of(self.tok_strs, to_ids)
         top = np.asarray(self.top_ids, np.int64) if len(self.top_ids) == n and n and \
             all(len(r) == w for r, w in zip(self.top_ids, widths.tolist())) else None
-        flat_ids = top.reshape(-1) if top is not None else _ids_of(keys, to_ids)
+        flat_ids = top.reshape(-1) if top is not None else flat
         tid = np.full((n, k), -1, np.int32)
         tlp = np.full((n, k), np.nan, np.float32)
         w = int(widths[0]) if n else 0
-        if n and len(keys) == n * w and (widths == w).all():
+        if n and len(vals) == n * w and (widths == w).all():
             # The common case: every token has the same top-k width; a reshape, no scatter.
             m = min(w, k)
             tid[:, :m] = flat_ids.reshape(n, w)[:, :m]
@@ -122,7 +176,7 @@ class Acc:
         else:
             # Scatter the flat entries into [n, k]: row r, column j < k.
             rows = np.repeat(np.arange(n), widths)
-            cols = np.arange(len(keys)) - np.repeat(np.cumsum(widths) - widths, widths)
+            cols = np.arange(len(vals)) - np.repeat(np.cumsum(widths) - widths, widths)
             keep = cols < k
             tid[rows[keep], cols[keep]] = flat_ids[keep]
             tlp[rows[keep], cols[keep]] = vals[keep]
@@ -143,23 +197,36 @@ class Acc:
 _TID = "token_id:"
 
 
+def _split_keys(s: str, w: int) -> list[str]:
+    """One token's joined keys back into w keys; a row that does not split back exactly (a
+    key with a space, admitted by the fast path in openai.py) maps to no ids, never wrong ids."""
+    keys = s.split(" ") if w else []
+    return keys if len(keys) == w else ["\0"] * w
+
+
+def _token_id_ints(joined: str, n: int) -> np.ndarray | None:
+    """"token_id:N token_id:M ..." (n of them) -> int64 [n], or None when it is not that."""
+    if not n or joined.count(_TID) != n or joined[:9] != _TID:
+        return None
+    # C-speed parse with the prefix as numpy's separator (about 0.4 us per token at k=20,
+    # vs 2-5 us for int() per string). Malformed input stops the parse early (a short
+    # result; a ValueError in later numpy).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            out = np.fromstring(joined[9:], dtype=np.int64, sep=" " + _TID)
+        except ValueError:
+            return None
+    return out if len(out) == n else None
+
+
 def _ids_of(strs: list, to_ids) -> np.ndarray:
     """Token strings -> ids: vLLM's "token_id:N" in bulk, else the tokenizer, else -1."""
     if not strs:
         return np.zeros(0, np.int64)
-    joined = " ".join(strs)
-    if joined.count(_TID) == len(strs) and strs[0][:9] == _TID:
-        # C-speed parse of "N token_id:N ..." with the prefix as numpy's separator (about
-        # 0.4 us per token at k=20, vs 2-5 us for int() per string). Malformed input stops
-        # the parse early (a short result; a ValueError in later numpy): fall through.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            try:
-                out = np.fromstring(joined[9:], dtype=np.int64, sep=" " + _TID)
-            except ValueError:
-                out = None
-        if out is not None and len(out) == len(strs):
-            return out
+    out = _token_id_ints(" ".join(strs), len(strs))
+    if out is not None:
+        return out
     if to_ids is not None:
         return np.asarray(to_ids(strs), np.int64)
     return np.full(len(strs), -1, np.int64)
