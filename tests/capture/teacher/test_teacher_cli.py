@@ -44,3 +44,20 @@ def test_cli_errors(random_model_dir, tmp_path):
     r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", "x.jsonl", "--concurrency", 4,
                   "--out", tmp_path / "o.h5")
     assert r.returncode == 2 and "--concurrency: only with --http" in r.stderr
+
+
+def test_cli_attn_auto_resolves_to_sdpa_on_cpu(random_model_dir, tmp_path):
+    """`--attn auto` picks the flash-keeping kernel on CUDA only; on CPU the trace must
+    record plain sdpa, so histories captured here compare with CPU captures."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": [3, 4, 5, 6, 7, 8]}\n')
+    out = tmp_path / "d.h5"
+    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", prompts, "--max-tokens", "3",
+                  "--history", "full,prefix:2", "--attn", "auto", "--out", out)
+    assert r.returncode == 0, r.stderr
+    with TraceReader(out) as t:
+        assert t.meta.run["attn"] == "sdpa"
+        assert sorted(t.requests.history) == ["full", "prefix:2"]
+    bad = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", prompts, "--max-tokens", "3",
+                    "--attn", "flash9", "--out", tmp_path / "x.h5")
+    assert bad.returncode == 2 and "flash9" in bad.stderr
