@@ -148,8 +148,7 @@ class Acc:
         total = len(vals)
         ids = _token_id_ints(" ".join(self.top_keys), total)
         if ids is None:  # not all vLLM ids: split back and map them
-            keys = list(chain.from_iterable(_split_keys(s, w) for s, w in zip(self.top_keys, self.top_w)))
-            ids = _ids_of(keys, to_ids)
+            ids = _split_keys(self.top_keys, self.top_w, to_ids)
         return widths, vals, ids
 
     def _legacy_columns(self, k: int, raw_logits: bool, to_ids) -> TokenColumns:
@@ -197,11 +196,21 @@ class Acc:
 _TID = "token_id:"
 
 
-def _split_keys(s: str, w: int) -> list[str]:
-    """One token's joined keys back into w keys; a row that does not split back exactly (a
-    key with a space, admitted by the fast path in openai.py) maps to no ids, never wrong ids."""
-    keys = s.split(" ") if w else []
-    return keys if len(keys) == w else ["\0"] * w
+def _split_keys(joined: list[str], widths: list[int], to_ids) -> np.ndarray:
+    """Rows of " "-joined keys back into ids. A row that does not split back into its width
+    (a key holding a space, which the inlined path in openai.py admits when the row's first
+    key is a "token_id:" one) gets -1 ids: unknown, never wrong."""
+    keys, bad, off = [], [], 0
+    for s, w in zip(joined, widths):
+        row = s.split(" ") if w else []
+        if len(row) != w:
+            row = [""] * w
+            bad.extend(range(off, off + w))
+        keys += row
+        off += w
+    ids = _ids_of(keys, to_ids)
+    ids[bad] = -1
+    return ids
 
 
 def _token_id_ints(joined: str, n: int) -> np.ndarray | None:

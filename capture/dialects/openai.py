@@ -71,36 +71,6 @@ def _legacy(lp: dict, acc: Acc, t: float, token_ids: list | None) -> None:
         acc.t.extend([t] * n)
 
 
-def _one_token(ch: dict, acc: Acc, t: float) -> bool:
-    """The hot event, inlined: one legacy-layout token (vLLM's "token_id:N" keys) with
-    nothing else in the event. Does exactly what _choice -> _legacy -> Acc.add_tops do for
-    it, ~1 us a token cheaper; returns False (touching nothing) for any other shape."""
-    lp = ch.get("logprobs")
-    if not lp or "content" in lp or "top_logits" in lp or ch.get("index", 0) != 0:
-        return False
-    tokens, tops = lp.get("tokens"), lp.get("top_logprobs")
-    if not tokens or len(tokens) != 1 or not tops or len(tops) != 1 or "prompt_token_ids" in ch:
-        return False
-    d = tops[0]
-    keys = " ".join(d)
-    if keys[:9] != "token_id:":  # other keys may hold spaces: the checked path
-        return False
-    w = len(d)
-    token_ids = ch.get("token_ids")
-    acc.lps.extend(lp.get("token_logprobs") or ())
-    acc.tok_strs.append(tokens[0])
-    acc.top_keys.append(keys)
-    acc.top_vals.extend(d.values())
-    acc.top_w.append(w)
-    if token_ids and len(token_ids) == 1 and len(acc.ids) == len(acc.tok_strs) - 1:
-        acc.ids.append(token_ids[0])
-    acc.t.append(t)
-    fr = ch.get("finish_reason")
-    if fr:
-        acc.finish_reason = fr
-    return True
-
-
 def _choice(ch: dict, acc: Acc, t: float) -> None:
     lp = ch.get("logprobs")
     n0 = len(acc.lps)
@@ -156,20 +126,47 @@ class OpenAICompletions:
         return b
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
-        if type(obj) is not dict or "error" in obj:
-            check_error(obj)
-        chs = obj.get("choices")
-        if chs and not (len(chs) == 1 and acc.top_keys is not None and acc.top_logits is None
-                        and _one_token(chs[0], acc, t)):
-            for ch in chs:
-                if ch.get("index", 0) == 0:
-                    _choice(ch, acc, t)
-        if "prompt_token_ids" in obj and obj["prompt_token_ids"]:
-            acc.prompt_ids = list(obj["prompt_token_ids"])
-        if "usage" in obj and obj["usage"]:
-            usage_into(obj["usage"], acc)
+        """One stream event. The hot event, one legacy-layout token with vLLM's "token_id:N"
+        keys and nothing else, is handled inline: exactly what _choice -> _legacy ->
+        Acc.add_tops do for it, without their calls and checks (~1 us a token; parsing a
+        chunk's events first and handling them after was slower: cache misses)."""
+        chs = obj.get("choices") if type(obj) is dict and "error" not in obj else None
+        if (chs and len(chs) == 1 and acc.top_keys is not None and acc.top_logits is None
+                and not obj.get("usage") and not obj.get("prompt_token_ids")):
+            ch = chs[0]
+            lp = ch.get("logprobs")
+            if lp and "content" not in lp and "top_logits" not in lp and "prompt_token_ids" not in ch \
+                    and ch.get("index", 0) == 0:
+                tokens, tops = lp.get("tokens"), lp.get("top_logprobs")
+                if tokens and tops and len(tokens) == 1 and len(tops) == 1:
+                    d = tops[0]
+                    keys = " ".join(d)
+                    if keys[:9] == "token_id:":  # other keys may hold spaces: the checked path
+                        acc.lps.extend(lp.get("token_logprobs") or ())
+                        acc.tok_strs.append(tokens[0])
+                        acc.top_keys.append(keys)
+                        acc.top_vals.extend(d.values())
+                        acc.top_w.append(len(d))
+                        ids = ch.get("token_ids")
+                        if ids and len(ids) == 1 and len(acc.ids) == len(acc.tok_strs) - 1:
+                            acc.ids.append(ids[0])
+                        acc.t.append(t)
+                        fr = ch.get("finish_reason")
+                        if fr:
+                            acc.finish_reason = fr
+                        return
+        self._parse_general(obj, acc, t)
 
-    parse_response = parse_event
+    def _parse_general(self, obj: dict, acc: Acc, t: float) -> None:
+        check_error(obj)
+        for ch in obj.get("choices") or ():
+            if ch.get("index", 0) == 0:
+                _choice(ch, acc, t)
+        if obj.get("prompt_token_ids"):
+            acc.prompt_ids = list(obj["prompt_token_ids"])
+        usage_into(obj.get("usage"), acc)
+
+    parse_response = _parse_general
 
 
 class OpenAIChat(OpenAICompletions):
