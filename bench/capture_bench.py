@@ -10,10 +10,14 @@ logprobs, `token_ids`, usage, `[DONE]`) as fast as it can. At concurrency 1,
 Two more rows put the ratio in context: bare-lines reads line by line
 (`async for line in resp.content`, as vLLM's and SGLang's benchmark clients
 do) and bare+json adds one json.loads per event to the bare reader and nothing
-else: the floor of any client that parses what it stores.
+else: the floor of any client that parses what it stores; bare+orjson does the
+same with orjson.loads, the parser tracekit uses when orjson is installed (the
+row is left out without it).
 Reported: client CPU seconds per 1,000 tokens (getrusage of this process,
 user + system) and tokens/s; `cpu_per_token_vs_bare_c64` = tracekit / bare at
-concurrency 64 (target <= 1.5), `json_floor_vs_bare_c64` = bare+json / bare.
+concurrency 64 (target <= 1.5), `json_floor_vs_bare_c64` = bare+json / bare,
+`orjson_floor_vs_bare_c64` = bare+orjson / bare; `json_parser` says which parser
+tracekit used.
 
     python bench/capture_bench.py [--quick] [--json]
 """
@@ -31,6 +35,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+try:
+    import orjson
+except ImportError:  # the parsing-floor row with orjson is left out
+    orjson = None
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -181,6 +190,8 @@ def run(quick: bool) -> dict:
                 for name, fn in (("bare", lambda: asyncio.run(bare_client(base, n, c))),
                                  ("bare-lines", lambda: asyncio.run(bare_client(base, n, c, "lines"))),
                                  ("bare+json", lambda: asyncio.run(bare_client(base, n, c, "json"))),
+                                 *([("bare+orjson", lambda: asyncio.run(bare_client(base, n, c, "json", orjson.loads)))]
+                                   if orjson else []),
                                  ("tracekit", lambda: tracekit_client(base, n, c, tmp))):
                     cpu, wall, tokens = measure(fn)
                     assert tokens == n * n_tokens, (name, tokens)
@@ -201,7 +212,10 @@ def run(quick: bool) -> dict:
                 by[regime, "tracekit", c] / by[regime, "bare-lines", c], 3)
         for c in plan:  # the floor: json.loads alone on top of the leanest reader
             ratios[f"{tag}json_floor_vs_bare_c{c}"] = round(by[regime, "bare+json", c] / by[regime, "bare", c], 3)
-    return {"bench": "capture", "quick": quick, "tokens_per_request": n_tokens, "topk": TOPK, **ratios,
+        for c in plan if orjson else ():
+            ratios[f"{tag}orjson_floor_vs_bare_c{c}"] = round(by[regime, "bare+orjson", c] / by[regime, "bare", c], 3)
+    return {"bench": "capture", "quick": quick, "tokens_per_request": n_tokens, "topk": TOPK,
+            "json_parser": "orjson" if orjson else "json", **ratios,
             "target_cpu_per_token_vs_bare_c64": 1.5, "rows": rows}
 
 

@@ -85,8 +85,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, dialect: Dialect, acc: Acc,
                 if type(data) is not bytes:  # an event with an `event:` type
                     if data.event == "error":
                         raise EngineErrorEvent(f"error event: {data.data[:ERROR_EXCERPT]}")
-                    data = data.data
-                if data == b"[DONE]" or data == "[DONE]":
+                    data = data.data.encode()
+                if data == b"[DONE]":
                     acc.done = True
                     continue
                 n += 1

