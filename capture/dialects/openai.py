@@ -130,20 +130,22 @@ class OpenAICompletions:
         keys and nothing else, is handled inline: exactly what _choice -> _legacy ->
         Acc.add_tops do for it, without their calls and checks (~1 us a token; parsing a
         chunk's events first and handling them after was slower: cache misses)."""
-        chs = obj.get("choices") if type(obj) is dict and "error" not in obj else None
-        if (chs and len(chs) == 1 and acc.top_keys is not None and acc.top_logits is None
-                and not obj.get("usage") and not obj.get("prompt_token_ids")):
-            ch = chs[0]
-            lp = ch.get("logprobs")
-            if lp and "content" not in lp and "top_logits" not in lp and "prompt_token_ids" not in ch \
-                    and ch.get("index", 0) == 0:
-                tokens, tops = lp.get("tokens"), lp.get("top_logprobs")
-                if tokens and tops and len(tokens) == 1 and len(tops) == 1:
-                    d = tops[0]
+        if acc.top_keys is not None and acc.top_logits is None and type(obj) is dict and "error" not in obj:
+            try:  # the shape, by subscripts and 1-unpacking (cheaper than .get and len checks)
+                (ch,) = obj["choices"]
+                lp = ch["logprobs"]
+                (tok,) = lp["tokens"]
+                (d,) = lp["top_logprobs"]
+                tl = lp["token_logprobs"]
+            except (KeyError, TypeError, ValueError):
+                pass
+            else:
+                if ("content" not in lp and "top_logits" not in lp and "prompt_token_ids" not in ch
+                        and not obj.get("usage") and not obj.get("prompt_token_ids") and ch.get("index", 0) == 0):
                     keys = " ".join(d)
                     if keys[:9] == "token_id:":  # other keys may hold spaces: the checked path
-                        acc.lps.extend(lp.get("token_logprobs") or ())
-                        acc.tok_strs.append(tokens[0])
+                        acc.lps.extend(tl or ())
+                        acc.tok_strs.append(tok)
                         acc.top_keys.append(keys)
                         acc.top_vals.extend(d.values())
                         acc.top_w.append(len(d))
