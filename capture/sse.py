@@ -9,14 +9,15 @@ comment lines (`: ping`, which many servers send as keep-alives), multi-line
 omits it). It does not parse JSON and knows nothing about engines: the
 dialects do that.
 
-Two entry points over one state: `feed()` returns `SSEEvent`s with text data
-(the spec's types); `feed_data()`, the capture hot path, returns each default-
-type event's data as the raw UTF-8 bytes a JSON parser takes directly, and an
-`SSEEvent` only for events with an `event:` type. Its fast path handles what
-engines send almost always (LF only, one `data:` line per event, blank-line
-separated) with one bytes split per chunk and no decoding; anything else (CR,
-multi-line data, `event:` / `id:` fields, a BOM) goes through the line-by-line
-spec path, event by event, so both give the same events at any chunking.
+Two entry points; use one of them per stream. `feed()` returns `SSEEvent`s with
+text data (the spec's types). `feed_data()`, the capture hot path, returns each
+default-type event's data as the raw UTF-8 bytes a JSON parser takes directly,
+and an `SSEEvent` only for events with an `event:` type (ids are dropped). Its
+fast path takes what engines send almost always (LF only, `data: ` lines
+alternating with blank lines) with one bytes split per chunk and no decoding;
+anything else (CR, multi-line data, `event:` / `id:` fields, comments, a BOM)
+goes through the line-by-line spec path, event by event. Tests check that both
+give the same events at every chunking.
 """
 
 from __future__ import annotations
