@@ -154,8 +154,9 @@ class Acc:
     def _legacy_columns(self, k: int, raw_logits: bool, to_ids) -> TokenColumns:
         """Vectorised conversion of the legacy tops: [n] rows of width w_i -> [n, k]."""
         n = len(self.lps)
-        if self.top_keys is not None and len(self.top_w) != n or self.top_maps is not None and len(self.top_maps) != n:
-            raise ValueError(f"{n} tokens but top-k rows for {len(self.top_w or self.top_maps)}")
+        rows = len(self.top_w) if self.top_keys is not None else len(self.top_maps)
+        if rows != n:
+            raise ValueError(f"{n} tokens but top-k rows for {rows}")
         widths, vals, flat = self._legacy_tops(to_ids)
         if len(self.ids) == n:
             chosen = np.asarray(self.ids, np.int64)
