@@ -17,14 +17,18 @@ import numpy as np
 from ..errors import SchemaVersionError, TraceFormatError
 from ..schema import FORMAT, FORMAT_VERSION, Layout, RequestRecord, RequestTable, RunMeta, TokenColumns
 from .columns import FIXED, RAGGED
+from .journal import journal_path, read_journal, recover, writer_alive
 
 
 def open_h5(path: str | os.PathLike) -> h5py.File:
-    """Open a trace read-only; fall back to SWMR for a file whose writer died.
+    """Open a trace read-only, recovering a trace whose writer was killed.
 
-    A writer killed mid-run leaves the SWMR write flag set; a plain open then
-    refuses ("already open for write"), an SWMR-read open works and sees every
-    flushed row.
+    A writer that did not close its file leaves the SWMR write flag set; a plain
+    open then refuses ("already open for write"). If the writer is still
+    running, this is a live capture: open it as an SWMR reader. If it is gone,
+    rebuild the trace from its write-ahead journal (`journal.recover`) and open
+    the result. An SWMR open of a killed file is never attempted: it can retry
+    a half-written metadata object forever.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -32,19 +36,26 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as plain_err:
-        # Only a file left "open for write" by a dead SWMR writer gets the SWMR
-        # retry: an SWMR open of a truncated file retries its metadata reads
-        # for a long time instead of failing.
         if "already open for write" not in str(plain_err):
             raise TraceFormatError(
                 f"{path}: not a readable HDF5 file ({_first_line(plain_err)}); "
                 "is it a tracekit trace? re-capture it or pass the right file") from None
+    jpath = journal_path(path)
+    try:
+        meta, _ = read_journal(jpath)
+    except OSError:
+        meta = {}
+    if meta and writer_alive(meta):
         try:
             return h5py.File(path, "r", swmr=True)
-        except OSError:
-            raise TraceFormatError(
-                f"{path}: not a readable HDF5 file ({_first_line(plain_err)}); "
-                "is it a tracekit trace? re-capture it or pass the right file") from None
+        except OSError as e:
+            raise TraceFormatError(f"{path}: live trace could not be opened ({_first_line(e)})") from None
+    if not meta:
+        raise TraceFormatError(
+            f"{path}: left open by a writer that did not close it, and its journal {jpath.name} is missing; "
+            f"run `h5clear -s {path}` (Debian: hdf5-tools) and retry, or re-capture")
+    recover(path)
+    return h5py.File(path, "r")
 
 
 def _first_line(err: BaseException) -> str:

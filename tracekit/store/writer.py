@@ -1,12 +1,12 @@
 """The append-only SWMR trace writer.
 
-Crash safety: the file is created under a temporary name, every dataset is
-created chunked and resizable, SWMR mode is switched on, and only then is the
-file renamed into place. After each appended request (or group of requests)
-the whole file is flushed, so a writer killed with SIGKILL leaves a file that
-opens (with the SWMR fallback in `reader.open_h5`) and holds every flushed
-request. A request is visible to readers once every column holds its rows:
-readers take the rows present in all columns (see `reader._read_v1`).
+Crash safety: each group of requests goes first to the write-ahead journal
+(`journal.py`, `<trace>.journal`), then into the HDF5 file, which is flushed.
+The file is created under a temporary name, every dataset chunked and
+resizable, SWMR mode switched on (live readers can follow a running capture),
+and only then renamed into place. A clean close deletes the journal; a writer
+killed with SIGKILL leaves the journal, from which any reader rebuilds the
+trace with every request appended before the kill (`reader.open_h5`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 from .. import __version__
 from ..schema import FORMAT, FORMAT_VERSION, RequestRecord, RunMeta, TokenColumns
 from .columns import FIXED, RAGGED, REQ_CHUNK, TOK_CHUNK_ROWS, TOPK_CHUNK_BYTES
+from .journal import JournalWriter
 
 
 def _utc_now() -> str:
@@ -36,7 +37,8 @@ class TraceWriter:
     unless `flush=False`; `flush()` makes everything appended so far durable.
     """
 
-    def __init__(self, path: str | os.PathLike, meta: RunMeta, expected_tokens: int | None = None):
+    def __init__(self, path: str | os.PathLike, meta: RunMeta, expected_tokens: int | None = None,
+                 journal: bool = True):
         # expected_tokens (a hint) shrinks chunks for small traces: a chunk is
         # allocated whole, so a 500-token trace should not carry 256 KiB chunks.
         self._chunk_cap = max(64, int(expected_tokens)) if expected_tokens else None
@@ -45,6 +47,7 @@ class TraceWriter:
         self.layout = meta.layout
         tmp = self.path.with_name(self.path.name + ".tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._journal = JournalWriter(self.path, meta) if journal else None
         self._f = h5py.File(tmp, "w", libver="latest")
         self._init_layout()
         self._f.swmr_mode = True
@@ -113,7 +116,7 @@ class TraceWriter:
                                 "logits")}
         rows = {name: [] for name in FIXED}
         ragged = {name: [] for name in RAGGED}
-        all_pids = []
+        all_pids, journal_items = [], []
         n_tok, n_prompt = self.n_tokens, self.n_prompt
         for rec, toks, prompt_ids in items:
             toks = (toks if toks is not None else empty).padded_to(lay.topk)
@@ -129,6 +132,7 @@ class TraceWriter:
                 cols["logits"].append(toks.logits if len(toks) else np.zeros((0, lay.vocab_size), np.float32))
             pids = np.asarray(prompt_ids if prompt_ids is not None else [], dtype=np.int32)
             all_pids.append(pids)
+            journal_items.append((rec, toks, pids if prompt_ids is not None else None))
             plen = rec.prompt_len if rec.prompt_len >= 0 else (len(pids) if prompt_ids is not None else -1)
             row = {"prompt_hash": rec.prompt_hash.encode(), "status": rec.status.encode(),
                    "http_status": rec.http_status, "finish_reason": rec.finish_reason.encode()[:16],
@@ -142,6 +146,8 @@ class TraceWriter:
                 ragged[name].append(str(getattr(rec, name)).encode("utf-8"))
             n_tok += len(toks)
             n_prompt += len(pids)
+        if self._journal is not None:  # write-ahead: durable before the HDF5 write begins
+            self._journal.append(journal_items)
         ds = self._handles()  # h5py group lookups cost ~0.1 ms each: look up once per writer
         ext = self._extend
         for name, parts in cols.items():
@@ -194,6 +200,8 @@ class TraceWriter:
         if self._f.id.valid:
             self._f.flush()
             self._f.close()
+            if self._journal is not None:  # the file is complete: the journal has done its job
+                self._journal.close(delete=True)
 
     def __enter__(self) -> "TraceWriter":
         return self
