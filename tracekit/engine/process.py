@@ -36,6 +36,17 @@ from pathlib import Path
 from ..errors import EngineError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _die_with_parent() -> None:
+    """Linux: the engine gets SIGTERM when the process that started it dies, so a
+    killed test run or `tracekit run` never leaves engines holding cores (seen
+    here: eleven orphaned engines after a CI run was killed)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 LISTEN_RE = re.compile(r"tracekit serve: listening on (http://[\w.\-\[\]:]+?):(\d+)\s*$")
 
 
@@ -63,7 +74,8 @@ class EngineProcess:
             os.close(fd)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=REPO_ROOT, env=env, start_new_session=True)
+                                    cwd=REPO_ROOT, env=env, start_new_session=True,
+                                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         return cls(proc, cmd, log_path, url)
 
     @classmethod
