@@ -72,6 +72,14 @@ class Acc:
         self.n_events = 0
         self.seen = 0                              # tokens consumed, for cumulative streams (SGLang)
 
+    def add_token(self, tok_id: int, logprob: float, tops, t: float) -> None:
+        """One token whose top candidates are dicts with "id" and "logprob" (llama.cpp, TGI)."""
+        self.ids.append(tok_id)
+        self.lps.append(logprob)
+        self.top_ids.append([d["id"] for d in tops])
+        self.top_lps.append([d["logprob"] for d in tops])
+        self.t.append(t)
+
     def columns(self, k: int, raw_logits: bool, to_ids: Callable[[list[str]], list[int]] | None) -> TokenColumns:
         """Build the numpy columns once: [n], [n, k]; pads short top-k rows with -1 / NaN."""
         n = len(self.lps)

@@ -21,12 +21,7 @@ _FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
 
 def _probs(entries: list, acc: Acc, t: float) -> None:
     for e in entries:
-        tops = e.get("top_logprobs") or ()
-        acc.ids.append(e["id"])
-        acc.lps.append(e["logprob"])
-        acc.top_ids.append([d["id"] for d in tops])
-        acc.top_lps.append([d["logprob"] for d in tops])
-        acc.t.append(t)
+        acc.add_token(e["id"], e["logprob"], e.get("top_logprobs") or (), t)
 
 
 class LlamaCppCompletion:

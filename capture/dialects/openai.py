@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Acc, EngineErrorEvent, RequestSpec, check_error, usage_into
+from .base import Acc, RequestSpec, check_error, usage_into
+
 
 def _str_mode(acc: Acc) -> None:
     if acc.strs is None:

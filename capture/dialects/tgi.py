@@ -20,11 +20,7 @@ from .base import Acc, RequestSpec, check_error
 
 
 def _token(tok: dict, tops: list, acc: Acc, t: float) -> None:
-    acc.ids.append(tok["id"])
-    acc.lps.append(tok["logprob"])
-    acc.top_ids.append([d["id"] for d in tops])
-    acc.top_lps.append([d["logprob"] for d in tops])
-    acc.t.append(t)
+    acc.add_token(tok["id"], tok["logprob"], tops, t)
 
 
 class TGIGenerate:
