@@ -80,6 +80,14 @@ class Acc:
         self.top_lps.append([d["logprob"] for d in tops])
         self.t.append(t)
 
+    def add_bare_ids(self, ids: list, t: float) -> None:
+        """Tokens known by id only (no logprobs asked): NaN logprob, empty top-k."""
+        self.ids.extend(ids)
+        self.lps.extend([float("nan")] * len(ids))
+        self.top_ids.extend([] for _ in ids)
+        self.top_lps.extend([] for _ in ids)
+        self.t.extend([t] * len(ids))
+
     def columns(self, k: int, raw_logits: bool, to_ids: Callable[[list[str]], list[int]] | None) -> TokenColumns:
         """Build the numpy columns once: [n], [n, k]; pads short top-k rows with -1 / NaN."""
         n = len(self.lps)

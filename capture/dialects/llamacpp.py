@@ -47,12 +47,7 @@ class LlamaCppCompletion:
             _probs(probs, acc, t)
         elif obj.get("tokens") and not obj.get("stop"):
             # n_probs 0: no probabilities, but stream events still carry `tokens: [id]`.
-            ids = obj["tokens"]
-            acc.ids.extend(ids)
-            acc.lps.extend([float("nan")] * len(ids))
-            acc.top_ids.extend([] for _ in ids)
-            acc.top_lps.extend([] for _ in ids)
-            acc.t.extend([t] * len(ids))
+            acc.add_bare_ids(obj["tokens"], t)
         if obj.get("stop") is True:
             acc.done = True
             acc.finish_reason = _FINISH.get(obj.get("stop_type", ""), obj.get("stop_type", ""))

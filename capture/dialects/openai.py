@@ -93,12 +93,7 @@ def _choice(ch: dict, acc: Acc, t: float) -> None:
             acc.top_logits.extend([] for _ in range(len(acc.lps) - n0))
     elif ch.get("token_ids"):
         # vLLM with return_token_ids but no logprobs asked: ids without logprobs.
-        ids = ch["token_ids"]
-        acc.ids.extend(ids)
-        acc.lps.extend([float("nan")] * len(ids))
-        acc.top_ids.extend([] for _ in ids)
-        acc.top_lps.extend([] for _ in ids)
-        acc.t.extend([t] * len(ids))
+        acc.add_bare_ids(ch["token_ids"], t)
     if "prompt_token_ids" in ch and ch["prompt_token_ids"]:
         acc.prompt_ids = list(ch["prompt_token_ids"])
     fr = ch.get("finish_reason")
