@@ -24,6 +24,7 @@ Runs from a checkout with nothing installed:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -31,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from capture.teacher.diagnostic import DiagnosticConfig  # noqa: E402
+from capture.teacher.graphs import STATS as GRAPH_STATS  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
 from capture.teacher.runner import ATTNS, TORCH_DTYPES, resolve_attn, run_histories, wrap_model  # noqa: E402
 from capture.teacher.scoring import score  # noqa: E402
@@ -49,7 +52,7 @@ CONFIGS = {
 COMMON = dict(max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, eos_token_id=0)
 
 
-def build_model(name: str, dtype: str, device: str, attn: str):
+def build_model(name: str, dtype: str, device: str, attn: str, cuda_graphs: bool = True):
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -58,7 +61,12 @@ def build_model(name: str, dtype: str, device: str, attn: str):
     with torch.device(device):  # initialise on the device: a 4B model in seconds, not minutes
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, TORCH_DTYPES[dtype]),
                                                  attn_implementation=resolve_attn(attn, device))
-    return wrap_model(model.to(device).eval(), dtype, device)  # .to: a no-op unless the context was ignored
+    return wrap_model(model.to(device).eval(), dtype, device, cuda_graphs)  # .to: a no-op unless the context was ignored
+
+
+def diagnostic_batch(seq_len: int) -> int:
+    """Sequences per batch as the diagnostic plans them (DiagnosticConfig.batch_tokens inputs a forward)."""
+    return max(1, DiagnosticConfig.batch_tokens // (seq_len - 1))
 
 
 def flops(cfg, n_seq: int, n_inputs: int, n_scored: int, layer_params: int) -> float:
@@ -107,6 +115,10 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
 
     variants = {"plain": plain, "diagnostic": diagnostic(hists)}
     variants.update({h.label: diagnostic([h]) for h in hists})
+    decode = [h for h in hists if h.label == "decode"]
+    if decode and lm.cuda_graphs and lm.device.startswith("cuda"):  # side by side: the same history, eager steps
+        eager_lm = dataclasses.replace(lm, cuda_graphs=False)
+        variants["decode:eager"] = lambda: score(run_histories(eager_lm, x, p - 1, decode)["decode"], targets, 20)
     for fn in variants.values():  # warm-up: kernels, allocator, lazy imports
         fn()
     times = {k: [] for k in variants}
@@ -122,7 +134,13 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
             "tokens_per_s": {k: round(tokens / t[k], 1) for k in t if k != "diagnostic"},
             "vs_independent_forwards": round(t["diagnostic"] / (len(hists) * t["plain"]), 4),
             "vs_histories_alone": round(t["diagnostic"] / sum(t[h.label] for h in hists), 4),
-            "history_vs_plain_tokens_per_s": {h.label: round(t["plain"] / t[h.label], 4) for h in hists}}
+            "history_vs_plain_tokens_per_s": {k: round(t["plain"] / t[k], 4) for k in t
+                                              if k not in ("plain", "diagnostic")}}
+    if "decode:eager" in variants:  # the graphed chain must be the eager chain, bit for bit
+        a = run_histories(lm, x, p - 1, decode)["decode"]
+        b = run_histories(dataclasses.replace(lm, cuda_graphs=False), x, p - 1, decode)["decode"]
+        cell["decode_graphs_bitwise_eager"] = bool(torch.equal(a, b))
+        del a, b
     if lm.device.startswith("cuda"):
         cfg = lm.model.config
         layer_params = sum(q.numel() for q in lm.model.model.layers.parameters())
@@ -221,7 +239,11 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default fp32 on cpu, bf16 on cuda)")
     ap.add_argument("--attn", default="auto", choices=list(ATTNS),
                     help="auto = sdpa_lower_right on cuda (flash for segments on a cache), sdpa on cpu")
-    ap.add_argument("--batch", type=int, default=None, help="sequences per batch (default 8 on cpu, 1 on cuda)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="sequences per batch (default 8 on cpu; on cuda as the diagnostic batches them: "
+                         f"{DiagnosticConfig.batch_tokens} input tokens a forward, 16 x 2048 or 4 x 8192)")
+    ap.add_argument("--no-cuda-graphs", action="store_true",
+                    help="run decode steps eagerly (default on cuda: graphs with eager attention, graphs.py)")
     ap.add_argument("--gen", type=int, default=32, help="scored (generated) positions per sequence")
     ap.add_argument("--histories", default="full,prefix:HALF,chunked:HALF,decode",
                     help="history list; HALF = half the prompt length")
@@ -247,7 +269,7 @@ def main(argv=None) -> int:
     default_lens = ("2048" if a.quick else "2048,8192") if cuda else "512"
     seq_lens = [int(s) for s in (a.seq_len or default_lens).split(",")]
     dtype = a.dtype or ("bf16" if cuda else "fp32")
-    batch = a.batch or (1 if cuda else 8)
+    batch = a.batch
     repeats = a.repeats or (3 if a.quick else 5)
     if cuda and not torch.cuda.is_available():
         print("error: --device cuda but torch sees no CUDA device", file=sys.stderr)
@@ -262,10 +284,11 @@ def main(argv=None) -> int:
               "threads": a.threads, "repeats": repeats, "cells": []}
     for name in configs:
         t0 = time.perf_counter()
-        lm = build_model(name, dtype, a.device, a.attn)
+        lm = build_model(name, dtype, a.device, a.attn, cuda_graphs=not a.no_cuda_graphs)
         print(f"built {name} ({dtype}, {a.device}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         for s in seq_lens:
-            cell = {"config": name, **bench_cell(lm, s, batch, a.gen, a.histories, repeats, a.diagnose)}
+            n = batch or (diagnostic_batch(s) if cuda else 8)
+            cell = {"config": name, **bench_cell(lm, s, n, a.gen, a.histories, repeats, a.diagnose)}
             result["cells"].append(cell)
             if a.out_json:  # after every cell, so a run cut short still leaves its figures
                 _summarise(result)
@@ -285,6 +308,7 @@ def _summarise(result: dict) -> None:
     cells = result["cells"]
     result["vs_independent_forwards"] = max(c["vs_independent_forwards"] for c in cells)
     result["tokens_per_s"] = {f"{c['config']}@{c['seq_len']}": c["tokens_per_s"] for c in cells}
+    result["cuda_graphs"] = {k: (v if k != "fallbacks" else v[:5]) for k, v in GRAPH_STATS.items()}
 
 
 def table(result: dict) -> str:

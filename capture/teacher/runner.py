@@ -21,6 +21,7 @@ from typing import Any
 
 from tracekit.errors import ConfigError
 
+from .graphs import MIN_STEPS, NoGraph, decode_chain, graphable
 from .history import History
 
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -35,6 +36,7 @@ class LoadedModel:
     device: str
     cache_kw: str          # forward keyword for the KV cache: 'cache' (5.2x) or 'past_key_values'
     vocab_size: int
+    cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
 
 
 def cache_keyword(model: Any) -> str:
@@ -43,7 +45,8 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdpa") -> LoadedModel:
+def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdpa",
+               cuda_graphs: bool = True) -> LoadedModel:
     """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError.
 
     device: cpu, cuda, cuda:N, or auto = transformers' own multi-GPU placement
@@ -72,8 +75,8 @@ def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdp
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{model_dir}: cannot load as an HF causal LM ({first})") from None
     if device == "auto":  # inputs go where the embedding lives; accelerate's hooks move activations on
-        return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device))
-    return wrap_model(model.to(device).eval(), dtype, device)
+        return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device), cuda_graphs)
+    return wrap_model(model.to(device).eval(), dtype, device, cuda_graphs)
 
 
 ATTNS = ("sdpa", "eager", "sdpa_lower_right", "auto")
@@ -94,9 +97,9 @@ def resolve_attn(attn: str, device: str) -> str:
     return attn
 
 
-def wrap_model(model: Any, dtype: str, device: str) -> LoadedModel:
+def wrap_model(model: Any, dtype: str, device: str, cuda_graphs: bool = True) -> LoadedModel:
     vocab = int(model.get_output_embeddings().weight.shape[0])
-    return LoadedModel(model, dtype, device, cache_keyword(model), vocab)
+    return LoadedModel(model, dtype, device, cache_keyword(model), vocab, cuda_graphs)
 
 
 def new_cache(model: Any):
@@ -158,6 +161,23 @@ def run_histories(lm: LoadedModel, ids, first_scored: int, histories: list[Histo
     return {label: torch.cat(p, dim=1) if len(p) > 1 else p[0] for label, p in pieces.items()}
 
 
+def _decode_chain(lm, ids, first_scored, hists, depth, start, cache):
+    """When every history left at this node continues with the same run of
+    scored single-token steps to the end (the rest of `decode`), run that
+    chain as CUDA graphs (graphs.py; the same logits as eager steps) and
+    return its logits [N, steps, V]; otherwise None (run eagerly)."""
+    if cache is None or not lm.cuda_graphs or start < first_scored:
+        return None
+    rest = hists[0].ends[depth:]
+    if len(rest) < MIN_STEPS or rest != tuple(range(start + 1, start + 1 + len(rest))) \
+            or any(h.ends[depth:] != rest for h in hists) or not graphable(lm, cache):
+        return None
+    try:
+        return decode_chain(lm, ids[:, :rest[-1]], start, cache)
+    except NoGraph:
+        return None
+
+
 def _run_node(lm, ids, first_scored, hists, depth, start, cache, pieces) -> list[tuple]:
     """Run the forwards of the trie node reached by `depth` shared segments
     ending at `start`; return its children that continue.
@@ -166,6 +186,11 @@ def _run_node(lm, ids, first_scored, hists, depth, start, cache, pieces) -> list
     histories that take it. All but the last child get a forked cache (taken
     before the last child's forward extends `cache`).
     """
+    chain = _decode_chain(lm, ids, first_scored, hists, depth, start, cache)
+    if chain is not None:
+        for h in hists:
+            pieces[h.label].append(chain)
+        return []
     children: dict[int, list[History]] = {}
     for h in hists:
         children.setdefault(h.ends[depth], []).append(h)
@@ -179,7 +204,7 @@ def _run_node(lm, ids, first_scored, hists, depth, start, cache, pieces) -> list
             # A leaf: no later segment reads this cache, but a segment after a
             # prefix must still attend to it (a fork, so siblings see the prefix only).
             child_cache = None if cache is None else (cache if last else fork_cache(cache))
-        keep = end - max(start, first_scored)
+        keep = max(0, end - max(start, first_scored))
         logits = _forward(lm, ids[:, start:end], child_cache, keep)
         if logits is not None:
             for h in group:
