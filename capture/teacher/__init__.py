@@ -54,7 +54,7 @@ def cli_run(*, as_json: bool = False, **opts) -> int:
 def run_from_options(*, teacher_forced: str, out: str | None, history: str = "full", dtype: str = "fp32", from_path: str | None = None,
             keys: str | None = None, prompts: str | None = None, max_tokens: int | None = None, attn: str = "sdpa",
             device: str = "cpu", top_logprobs: int = 20, full_logits: bool = False, force: bool = False,
-            **_ignored) -> DiagnosticSummary:
+            no_cuda_graphs: bool = False, **_ignored) -> DiagnosticSummary:
     """Run the diagnostic from CLI options (strings as typed); raises ConfigError on bad input.
     Options of the HTTP capture that do not apply here arrive in **_ignored."""
     if not out:
@@ -70,7 +70,8 @@ def run_from_options(*, teacher_forced: str, out: str | None, history: str = "fu
     if top_logprobs < 1:
         raise ConfigError(f"--top-logprobs must be >= 1, got {top_logprobs}")
     cfg = DiagnosticConfig(model_dir=teacher_forced, histories=parse_histories(history), dtypes=parse_dtypes(dtype),
-                           attn=attn, device=device, topk=top_logprobs, full_logits=full_logits, force=force)
+                           attn=attn, device=device, topk=top_logprobs, full_logits=full_logits, force=force,
+                           cuda_graphs=not no_cuda_graphs)
     vocab = _vocab_size(teacher_forced)
     first = None
     if from_path is not None:
@@ -93,7 +94,7 @@ def _generate(cfg: DiagnosticConfig, prompt_list, max_tokens: int):
     from .runner import load_model
     from .sequences import eos_token_ids, greedy_sequences
 
-    lm = load_model(cfg.model_dir, cfg.dtypes[0], cfg.device, cfg.attn)
+    lm = load_model(cfg.model_dir, cfg.dtypes[0], cfg.device, cfg.attn, cfg.cuda_graphs)
     tokenizer = None
     if any(isinstance(p, str) for _, p in prompt_list):
         from transformers import AutoTokenizer

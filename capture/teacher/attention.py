@@ -12,14 +12,22 @@ which SDPA runs with the flash kernel (whose causal mask is lower-right
 aligned) and GQA natively on CUDA, and as a materialised boolean mask on CPU.
 
     q_len == kv_len      transformers' sdpa, is_causal=True (unchanged)
-    q_len == 1           transformers' sdpa, no mask        (unchanged)
-    1 < q_len < kv_len   causal_lower_right(q, kv)          (sdpa: a 4-D mask)
+    q_len == 1           transformers' sdpa, no mask        (CUDA: no cuDNN kernel)
+    1 < q_len < kv_len   CUDA, q >= kv/3: the square causal call over
+                         front-padded queries (`full`'s kernel)
+                         otherwise: causal_lower_right(q, kv) (CPU: a 4-D mask)
 
 Any call that does carry a mask (padding) also goes to transformers' own
-`sdpa` function unchanged. So only the later segments of `prefix:B` and
-`chunked:C` change kernel: on CUDA they run flash instead of a masked kernel
-(BF16 logits move by about as much as the history itself moves them; see
-docs/diagnostic.md); on CPU the result is bitwise that of `sdpa` (tested).
+`sdpa` function unchanged. On CPU the result is bitwise that of `sdpa`
+(tested). On CUDA, the later segments of `prefix:B` and `chunked:C` run a
+flash kernel instead of a masked one (BF16 logits move by about as much as
+the history itself moves them; see docs/diagnostic.md): a long segment
+(q >= kv/3) is computed as the square causal attention that `full` runs,
+over kv - q zero queries and then its own, whose rows are bitwise the rows
+`full` computes from the same q, k, v (measured on an H200) and which is
+faster there than torch's lower-right (FA2) kernel; a short one by FA2.
+One-token steps keep transformers' call but not cuDNN's kernel, which is
+not reproducible run to run on an H200 (_no_cudnn).
 `register()` adds the name to transformers' AttentionInterface and
 AttentionMaskInterface; load a model with `attn_implementation=NAME`.
 """
@@ -40,13 +48,23 @@ def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float =
             or not getattr(module, "is_causal", True) or is_causal is False:
         # Everything but a segment on a cache is transformers' own sdpa call,
         # exactly as `sdpa` makes it when its mask builder skips the mask
-        # (q_len == kv_len or q_len == 1, no padding), so those numerics stay.
+        # (q_len == kv_len or q_len == 1, no padding), so those numerics stay;
+        # except that a one-token step on CUDA may not take cuDNN's kernel,
+        # which is not reproducible there (see NO_CUDNN).
+        if q_len == 1 and query.is_cuda:
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(_no_cudnn()):
+                return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, is_causal=is_causal, **kwargs)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.is_cuda and SQUARE_FROM * q_len >= kv_len:
+        return _square(query, key, value, dropout, scaling, groups), None
     from torch.nn.attention.bias import causal_lower_right
 
     mask = causal_lower_right(q_len, kv_len)
-    groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1 and query.is_cuda and not _flash_ok(query, key, value, dropout):
         # CausalBias' non-flash CUDA path (memory-efficient kernel) takes no
         # grouped K/V: expand them, as transformers' sdpa does with a mask.
@@ -57,6 +75,43 @@ def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float =
                                                            is_causal=False, scale=scaling,
                                                            enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _no_cudnn():
+    """SDPA backends for a one-token step on CUDA: all but cuDNN.
+
+    Measured on an H200 (torch 2.11, cuDNN 9.19, a Qwen3-0.6B shape in
+    BF16, 4 sequences): with cuDNN allowed (torch's default choice there)
+    the same 32-step decode chain gave different logits on every run, up to
+    0.04 from the third step; with the flash or the math kernel it was
+    bitwise the same on every run. `full` and prefix segments (cuDNN's
+    square kernel) were reproducible."""
+    from torch.nn.attention import SDPBackend
+
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+SQUARE_FROM = 3  # CUDA: q >= kv / 3 runs as the square causal kernel over front-padded queries
+
+
+def _square(query, key, value, dropout: float, scaling, groups: int):
+    """Causal attention of q queries on kv keys (lower-right aligned) as the
+    square causal SDPA call over kv queries, the first kv - q of them zeros,
+    keeping the last q rows: query r sits at row kv - q + r and sees keys
+    0 .. kv - q + r, the lower-right pattern. It is the call `full` makes
+    (is_causal, q = kv), which torch runs with its fastest kernel (cuDNN's
+    Hopper flash on an H200); each row's result does not depend on the
+    padding rows (flash kernels keep one running softmax per row). It does
+    the padding rows' work too: worth it from q >= kv / 3, where torch's
+    lower-right (FA2) kernel, 2-3x slower per FLOP there, costs more."""
+    import torch
+
+    n, h, q_len, d = query.shape
+    kv_len = key.shape[2]
+    padded = torch.cat([query.new_zeros(n, h, kv_len - q_len, d), query], dim=2)
+    out = torch.nn.functional.scaled_dot_product_attention(padded, key, value, dropout_p=dropout, is_causal=True,
+                                                           scale=scaling, enable_gqa=groups > 1)
+    return out[:, :, kv_len - q_len:].transpose(1, 2).contiguous()
 
 
 def _flash_ok(query, key, value, dropout: float) -> bool:

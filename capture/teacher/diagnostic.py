@@ -35,6 +35,7 @@ class DiagnosticConfig:
     topk: int = 20
     full_logits: bool = False
     force: bool = False
+    cuda_graphs: bool = True        # decode chains on CUDA as graphs with eager attention (graphs.py)
     batch_tokens: int = 1 << 15     # input tokens per batched forward (memory bound)
     batch_logits_bytes: int = 1 << 29  # FP32 bytes of one history's scored logits [N, G, V] per batch
 
@@ -110,6 +111,7 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
 
     run = base_run(model=cfg.model_dir, histories=[s.label for s in cfg.histories], dtypes=list(cfg.dtypes),
                    attn=resolve_attn(cfg.attn, cfg.device), device=cfg.device, top_logprobs=cfg.topk, full_logits=cfg.full_logits,
+                   cuda_graphs=cfg.cuda_graphs and cfg.device != "cpu",
                    eos_token_ids=list(eos), torch=torch.__version__, transformers=transformers.__version__,
                    **extra)
     return RunMeta(source="teacher_forced", run=run,
@@ -158,7 +160,7 @@ def run_diagnostic(cfg: DiagnosticConfig, seqs: list[Sequence], out: str, first_
         for d in cfg.dtypes:
             t0 = time.perf_counter()
             lm = first_model if first_model is not None and first_model.dtype == d else \
-                load_model(cfg.model_dir, d, cfg.device, cfg.attn)
+                load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs)
             if batches is None:
                 batches, skipped = plan(seqs, cfg.histories, cfg.batch_tokens,
                                         lambda g: g * lm.vocab_size * 4, cfg.batch_logits_bytes)

@@ -150,6 +150,24 @@ def _registered(name: str):
     return ALL_ATTENTION_FUNCTIONS[name], ALL_MASK_ATTENTION_FUNCTIONS[name]
 
 
+def _capture_mask(loaded_mask):
+    """The loaded attention's mask function, minus one capture artefact.
+
+    transformers skips the causal mask of a one-token step without padding
+    (SDPA runs it unmasked) but not while a CUDA stream is capturing, which
+    its `is_tracing` counts as tracing; the captured step would then carry a
+    mask that the eager step does not. Without a padding mask this returns
+    None, as the eager step's builder does; with one, the loaded builder
+    (whose mask makes the capture refuse, NoGraph).
+    """
+    def mask(*args, attention_mask=None, **kwargs):
+        if attention_mask is None:
+            return None
+        return loaded_mask(*args, attention_mask=attention_mask, **kwargs)
+
+    return mask
+
+
 @contextmanager
 def _recording(model, cache, rec: _Recorder, loaded: str):
     """Route the model's attention through `rec` (as HOLE) and its cache updates too."""
@@ -157,7 +175,7 @@ def _recording(model, cache, rec: _Recorder, loaded: str):
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(HOLE, _dispatch_attention)
-    AttentionMaskInterface.register(HOLE, _registered(loaded)[1])  # the loaded masking decisions, unchanged
+    AttentionMaskInterface.register(HOLE, _capture_mask(_registered(loaded)[1]))
     _ACTIVE.append(rec)
     cache.update = rec.update  # instance attribute: shadows the class method for this cache only
     model.config._attn_implementation = HOLE

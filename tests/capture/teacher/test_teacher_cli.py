@@ -44,6 +44,9 @@ def test_cli_errors(random_model_dir, tmp_path):
     r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", "x.jsonl", "--concurrency", 4,
                   "--out", tmp_path / "o.h5")
     assert r.returncode == 2 and "--concurrency: only with --http" in r.stderr
+    r = _tracekit("capture", "--http", "http://127.0.0.1:9", "--prompts", "x.jsonl", "--no-cuda-graphs",
+                  "--out", tmp_path / "o.h5")
+    assert r.returncode == 2 and "--no-cuda-graphs: only with --teacher-forced" in r.stderr
 
 
 def test_cli_attn_auto_resolves_to_sdpa_on_cpu(random_model_dir, tmp_path):
@@ -57,6 +60,7 @@ def test_cli_attn_auto_resolves_to_sdpa_on_cpu(random_model_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     with TraceReader(out) as t:
         assert t.meta.run["attn"] == "sdpa"
+        assert t.meta.run["cuda_graphs"] is False          # a CPU run never uses them
         assert sorted(t.requests.history) == ["full", "prefix:2"]
     bad = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", prompts, "--max-tokens", "3",
                     "--attn", "flash9", "--out", tmp_path / "x.h5")

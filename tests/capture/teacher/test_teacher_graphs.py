@@ -103,3 +103,54 @@ def test_graphed_chain_repeats_and_batches_of_one():
                 got = decode_chain(lm, ids, 40, c)
             assert torch.equal(got, eager)
             assert c.get_seq_length() == 64
+
+
+@pytest.mark.skipif(not CUDA, reason="cuDNN's one-token kernel is a CUDA matter")
+def test_decode_is_reproducible_at_a_real_head_shape():
+    """Qwen3-0.6B's attention shape (16 query heads, 8 KV heads, head_dim 128)
+    over 1,000 cached tokens: with sdpa_lower_right the eager decode chain is
+    bitwise the same run after run (cuDNN's one-token kernel, which torch
+    would pick, was not), and the graphed chain is bitwise the eager one."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
+                                             attn_implementation=resolve_attn("sdpa_lower_right", "cuda")).cuda().eval()
+    ids = torch.randint(1, 4096, (4, 1032), generator=torch.Generator().manual_seed(4)).cuda()
+    decode = [parse_histories("decode")[0].resolve(1000, 32)]
+    eager_lm, graph_lm = wrap_model(model, "bf16", "cuda", cuda_graphs=False), wrap_model(model, "bf16", "cuda")
+    runs = [run_histories(lm, ids[:, :-1], 999, decode)["decode"] for lm in (eager_lm, eager_lm, graph_lm, graph_lm)]
+    for r in runs[1:]:
+        assert torch.equal(r, runs[0])
+
+
+@pytest.mark.skipif(not CUDA, reason="the square path runs on CUDA only")
+@pytest.mark.parametrize("q_len", [40, 64, 100])
+def test_long_segment_on_a_cache_is_the_square_kernels_rows(q_len):
+    """A segment of q >= kv/3 tokens on a cache runs as the square causal call
+    over front-padded queries: lower-right aligned (against attention written
+    out in FP64), and its rows are bitwise the rows of the square call over
+    the real preceding queries (what `full` computes)."""
+    import torch.nn.functional as F
+
+    from capture.teacher.attention import SQUARE_FROM, lower_right_sdpa
+
+    class Attn(torch.nn.Module):
+        num_key_value_groups, is_causal = 2, True
+
+    kv = 120
+    assert SQUARE_FROM * q_len >= kv
+    gen = torch.Generator(device="cuda").manual_seed(q_len)
+    qf = torch.randn(2, 8, kv, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(2, 4, kv, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    q = qf[:, :, kv - q_len:].contiguous()
+    out, _ = lower_right_sdpa(Attn(), q, k, v, None, scaling=0.125)                        # [2, q, 8, 64]
+    kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    allowed = torch.arange(kv, device="cuda")[None, :] <= torch.arange(q_len, device="cuda")[:, None] + (kv - q_len)
+    scores = (q.double() @ kk.transpose(-1, -2) * 0.125).masked_fill(~allowed, float("-inf"))
+    ref = (torch.softmax(scores, -1) @ vv).transpose(1, 2)
+    assert (out.double() - ref).abs().max().item() < 2e-2                                   # BF16 rounding
+    rows = F.scaled_dot_product_attention(qf, k, v, is_causal=True, scale=0.125, enable_gqa=True)
+    assert torch.equal(out, rows[:, :, kv - q_len:].transpose(1, 2))
