@@ -52,7 +52,7 @@ def cli_run(*, as_json: bool = False, **opts) -> int:
 
 
 def run_from_options(*, teacher_forced: str, out: str | None, history: str = "full", dtype: str = "fp32", from_path: str | None = None,
-            keys: str | None = None, prompts: str | None = None, max_tokens: int | None = None, attn: str = "sdpa",
+            keys: str | None = None, prompts: str | None = None, max_tokens: int | None = None, attn: str = "auto",
             device: str = "cpu", top_logprobs: int = 20, full_logits: bool = False, force: bool = False,
             no_cuda_graphs: bool = False, **_ignored) -> DiagnosticSummary:
     """Run the diagnostic from CLI options (strings as typed); raises ConfigError on bad input.

@@ -30,7 +30,7 @@ class DiagnosticConfig:
     model_dir: str
     histories: tuple[HistorySpec, ...]
     dtypes: tuple[str, ...]
-    attn: str = "sdpa"
+    attn: str = "auto"      # sdpa_lower_right on CUDA, sdpa on CPU
     device: str = "cpu"
     topk: int = 20
     full_logits: bool = False

@@ -45,7 +45,7 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "sdpa",
+def load_model(model_dir: str, dtype: str, device: str = "cpu", attn: str = "auto",
                cuda_graphs: bool = True) -> LoadedModel:
     """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError.
 

@@ -71,7 +71,7 @@ def _kv(ctx, param, values):
 @click.option("--history", default="full", show_default=True, metavar="H,...",
               help="Teacher-forced: cache histories, full,prefix:B,prefix:auto,chunked:C,decode.")
 @click.option("--dtype", default="fp32", show_default=True, metavar="D,...", help="Teacher-forced: fp32,bf16,fp16.")
-@click.option("--attn", default="sdpa", show_default=True,
+@click.option("--attn", default="auto", show_default=True,
               type=click.Choice(["sdpa", "eager", "sdpa_lower_right", "auto"]),
               help="Teacher-forced: attention implementation; sdpa_lower_right keeps SDPA's flash kernel for "
                    "cached segments on CUDA (bitwise sdpa on CPU); auto = sdpa_lower_right on CUDA, sdpa on CPU.")
