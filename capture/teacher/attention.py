@@ -108,7 +108,11 @@ def _square(query, key, value, dropout: float, scaling, groups: int):
 
     n, h, q_len, d = query.shape
     kv_len = key.shape[2]
-    padded = torch.cat([query.new_zeros(n, h, kv_len - q_len, d), query], dim=2)
+    # In the queries' own memory layout: transformers' are [N, q, H, D] in
+    # memory, viewed as [N, H, q, D]; a copy in that layout is a plain one.
+    padded = query.new_empty((n, kv_len, h, d)).transpose(1, 2)
+    padded[:, :, :kv_len - q_len].zero_()
+    padded[:, :, kv_len - q_len:].copy_(query)
     out = torch.nn.functional.scaled_dot_product_attention(padded, key, value, dropout_p=dropout, is_causal=True,
                                                            scale=scaling, enable_gqa=groups > 1)
     return out[:, :, kv_len - q_len:].transpose(1, 2).contiguous()

@@ -129,3 +129,24 @@ def test_lower_right_mask_lets_the_last_query_see_every_key():
     allowed = torch.arange(9)[None, :] <= torch.arange(5)[:, None] + (9 - 5)
     ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ vv
     assert (out - ref.transpose(1, 2)).abs().max().item() < 1e-12
+
+
+def test_square_path_is_lower_right_attention():
+    """The CUDA square path (padded queries, square causal call, last q rows),
+    run here on CPU in FP64 against attention written out by hand, for
+    queries in transformers' layout ([N, q, H, D] in memory) and contiguous."""
+    import torch
+
+    from capture.teacher.attention import _square
+
+    gen = torch.Generator().manual_seed(5)
+    k, v = (torch.randn(2, 2, 9, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    allowed = torch.arange(9)[None, :] <= torch.arange(5)[:, None] + (9 - 5)
+    for q in (torch.randn(2, 5, 4, 16, generator=gen, dtype=torch.float64).transpose(1, 2),
+              torch.randn(2, 4, 5, 16, generator=gen, dtype=torch.float64)):
+        out = _square(q, k, v, 0.0, 0.25, 2)                                       # [2, 5, 4, 16]
+        scores = (q @ kk.transpose(-1, -2) * 0.25).masked_fill(~allowed, float("-inf"))
+        ref = (torch.softmax(scores, dim=-1) @ vv).transpose(1, 2)
+        assert out.shape == (2, 5, 4, 16) and out.is_contiguous()
+        assert (out - ref).abs().max().item() < 1e-12
