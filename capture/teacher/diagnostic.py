@@ -111,7 +111,7 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
 
     run = base_run(model=cfg.model_dir, histories=[s.label for s in cfg.histories], dtypes=list(cfg.dtypes),
                    attn=resolve_attn(cfg.attn, cfg.device), device=cfg.device, top_logprobs=cfg.topk, full_logits=cfg.full_logits,
-                   cuda_graphs=cfg.cuda_graphs and cfg.device != "cpu",
+                   cuda_graphs=cfg.cuda_graphs and cfg.device.startswith("cuda"),  # never cpu, never a device_map
                    eos_token_ids=list(eos), torch=torch.__version__, transformers=transformers.__version__,
                    **extra)
     return RunMeta(source="teacher_forced", run=run,

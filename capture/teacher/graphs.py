@@ -20,9 +20,10 @@ bitwise); only the host work goes: an eager step of a Qwen3-4B shape
 launches ~1,800 kernels one by one, a graphed step launches L + 1 graphs
 and ~4 kernels a layer.
 
-Used only where that holds: CUDA, `sdpa` or `sdpa_lower_right` attention
-(whose single-token call takes no mask), a cache of plain DynamicLayers,
-no mask at capture. Anything else raises NoGraph during capture and the
+Used only where that holds: CUDA, one device (not a `device_map` model
+spread over GPUs), `sdpa` or `sdpa_lower_right` attention (whose
+single-token call takes no mask), a cache of plain DynamicLayers, no mask at
+capture. Anything else raises NoGraph during capture and the
 chain runs eagerly. One step of each chain runs eagerly first (on the
 capture stream: it warms the stream's cuBLAS handle and is the chain's
 first step), then one step is captured; capture launches nothing, so its
@@ -193,7 +194,8 @@ def graphable(lm, cache) -> bool:
 
     loaded = getattr(lm.model.config, "_attn_implementation", None)
     layers = getattr(cache, "layers", None)
-    return (lm.device.startswith("cuda") and loaded in GRAPH_ATTNS and layers is not None
+    placed = set((getattr(lm.model, "hf_device_map", None) or {}).values())
+    return (lm.device.startswith("cuda") and loaded in GRAPH_ATTNS and layers is not None and len(placed) <= 1
             and all(type(layer) is DynamicLayer for layer in layers))
 
 
