@@ -50,15 +50,14 @@ def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float =
         # exactly as `sdpa` makes it when its mask builder skips the mask
         # (q_len == kv_len or q_len == 1, no padding), so those numerics stay;
         # except that a one-token step on CUDA may not take cuDNN's kernel,
-        # which is not reproducible there (see NO_CUDNN).
-        if q_len == 1 and query.is_cuda:
-            from torch.nn.attention import sdpa_kernel
+        # which is not reproducible there (_no_cudnn).
+        import contextlib
 
-            with sdpa_kernel(_no_cudnn()):
-                return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                              scaling=scaling, is_causal=is_causal, **kwargs)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(_no_cudnn()) if q_len == 1 and query.is_cuda else contextlib.nullcontext():
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, is_causal=is_causal, **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
     if query.is_cuda and SQUARE_FROM * q_len >= kv_len:
         return _square(query, key, value, dropout, scaling, groups), None
