@@ -9,7 +9,7 @@ This package never imports torch, aiohttp or capture/.
 """
 
 from .classify import CLASSES, Thresholds, bf16_ulp
-from .core import diff
+from .compare import diff
 from .result import SCHEMA, DiffResult, PairResult
 from .testing import assert_equivalent
 

@@ -31,8 +31,10 @@ def parse_select(text: str | None) -> dict[str, str]:
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or name not in SELECTABLE:
-            raise ConfigError(f"bad row selection {part!r}: expected NAME=VALUE with NAME one of "
-                              f"{', '.join(SELECTABLE)} (e.g. history=full,dtype=fp32)")
+            raise ConfigError(
+                f"bad row selection {part!r}: expected NAME=VALUE with NAME one of "
+                f"{', '.join(SELECTABLE)} (e.g. history=full,dtype=fp32)"
+            )
         out[name] = value.strip()
     return out
 
@@ -44,10 +46,10 @@ class Side:
     path: str
     meta: RunMeta
     table: RequestTable
-    rows: np.ndarray        # [R] int64: selected request rows, one per key
-    token_id: np.ndarray    # [N] int32: the whole token_id column
-    logprob: np.ndarray     # [N] float32: the whole logprob column
-    prompt: np.ndarray      # [M] int32: all prompt ids, concatenated
+    rows: np.ndarray  # [R] int64: selected request rows, one per key
+    token_id: np.ndarray  # [N] int32: the whole token_id column
+    logprob: np.ndarray  # [N] float32: the whole logprob column
+    prompt: np.ndarray  # [M] int32: all prompt ids, concatenated
     reader: TraceReader
 
 
@@ -58,14 +60,18 @@ def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> np.
         keep &= getattr(t, name) == value
     rows = np.flatnonzero(keep)
     if len(t) and not len(rows):
-        raise AlignmentError(f"{reader.path}: no request row matches --{label}-select "
-                             f"{','.join(f'{k}={v}' for k, v in select.items())}{_choices(t)}")
+        raise AlignmentError(
+            f"{reader.path}: no request row matches --{label}-select "
+            f"{','.join(f'{k}={v}' for k, v in select.items())}{_choices(t)}"
+        )
     keys = t.key[rows]
     uniq, last = np.unique(keys[::-1], return_index=True)
     if len(uniq) < len(keys):
         if reader.meta.source == "teacher_forced":
-            raise AlignmentError(f"{reader.path} holds several teacher-forced rows per key{_choices(t)}; "
-                                 f"pick one with --{label}-select history=H,dtype=D")
+            raise AlignmentError(
+                f"{reader.path} holds several teacher-forced rows per key{_choices(t)}; "
+                f"pick one with --{label}-select history=H,dtype=D"
+            )
         # An HTTP trace with repeated keys is a resumed run: the last row wins.
         rows = np.sort(rows[len(rows) - 1 - last])
     return rows
@@ -125,19 +131,19 @@ class Alignment:
 
     a: Side
     b: Side
-    keys: np.ndarray        # [P] object
-    row_a: np.ndarray       # [P] int64, -1 = missing
+    keys: np.ndarray  # [P] object
+    row_a: np.ndarray  # [P] int64, -1 = missing
     row_b: np.ndarray
     incomparable: np.ndarray  # [P] object: reason, '' when comparable
-    n_a: np.ndarray         # [P] int64 output lengths (0 when missing)
+    n_a: np.ndarray  # [P] int64 output lengths (0 when missing)
     n_b: np.ndarray
-    off_a: np.ndarray       # [P] int64 first token row
+    off_a: np.ndarray  # [P] int64 first token row
     off_b: np.ndarray
-    length: np.ndarray      # [P] int64 compared length (0 for incomparable pairs)
-    seg: np.ndarray         # [T] int64
-    pos: np.ndarray         # [T] int64
-    start: np.ndarray       # [P] int64 first concatenated row of each pair
-    idx_a: np.ndarray       # [T] int64 token row in A
+    length: np.ndarray  # [P] int64 compared length (0 for incomparable pairs)
+    seg: np.ndarray  # [T] int64
+    pos: np.ndarray  # [T] int64
+    start: np.ndarray  # [P] int64 first concatenated row of each pair
+    idx_a: np.ndarray  # [T] int64 token row in A
     idx_b: np.ndarray
 
 
@@ -190,21 +196,45 @@ def align(a: Side, b: Side) -> Alignment:
     if not len(keys):
         raise AlignmentError(f"{a.path} and {b.path} hold no requests: nothing to compare")
     if not np.any((row_a >= 0) & (row_b >= 0)):
-        raise AlignmentError(f"{a.path} and {b.path} have no request key in common: they are not runs of "
-                             f"the same prompt set (or the row selection excludes every key)")
+        raise AlignmentError(
+            f"{a.path} and {b.path} have no request key in common: they are not runs of "
+            f"the same prompt set (or the row selection excludes every key)"
+        )
     reason = np.full(len(keys), "", dtype=object)
     reason[row_b < 0] = "missing in B"
     reason[row_a < 0] = "missing in A"
     both = np.flatnonzero((row_a >= 0) & (row_b >= 0))
-    for rsn in (_status_reason(a, row_a[both], "A"), _status_reason(b, row_b[both], "B"),
-                _prompt_reason(a, b, row_a[both], row_b[both])):
+    for rsn in (
+        _status_reason(a, row_a[both], "A"),
+        _status_reason(b, row_b[both], "B"),
+        _prompt_reason(a, b, row_a[both], row_b[both]),
+    ):
         fill = (reason[both] == "") & (rsn != "")
         reason[both[fill]] = rsn[fill]
     ok = reason == ""
-    get = lambda side, rows, col: np.where(rows >= 0, getattr(side.table, col)[np.maximum(rows, 0)], 0).astype(np.int64)
+
+    def get(side, rows, col):
+        return np.where(rows >= 0, getattr(side.table, col)[np.maximum(rows, 0)], 0).astype(np.int64)
+
     n_a, n_b = get(a, row_a, "n_tokens"), get(b, row_b, "n_tokens")
     off_a, off_b = get(a, row_a, "token_offset"), get(b, row_b, "token_offset")
     length = np.where(ok, np.minimum(n_a, n_b), 0)
     seg, pos, start = segments(length)
-    return Alignment(a, b, keys, row_a, row_b, reason, n_a, n_b, off_a, off_b, length, seg, pos, start,
-                     off_a[seg] + pos, off_b[seg] + pos)
+    return Alignment(
+        a,
+        b,
+        keys,
+        row_a,
+        row_b,
+        reason,
+        n_a,
+        n_b,
+        off_a,
+        off_b,
+        length,
+        seg,
+        pos,
+        start,
+        off_a[seg] + pos,
+        off_b[seg] + pos,
+    )

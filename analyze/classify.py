@@ -33,9 +33,9 @@ CLASSES = ("incomparable", "identical", "post_eos", "bf16_tie_flip", "cache_boun
 class Thresholds:
     """Tolerances (docs/analysis.md says why each default)."""
 
-    tie_ulps: float = 4.0      # |gap| in BF16 ULPs at the logits' magnitude, when raw logits exist
-    tie_nats: float = 0.125    # |gap| in nats, logprobs only (= 4 ULPs at |logit| in [4, 8))
-    drift_nats: float = 0.5    # pre-divergence drift and cache_boundary gaps
+    tie_ulps: float = 4.0  # |gap| in BF16 ULPs at the logits' magnitude, when raw logits exist
+    tie_nats: float = 0.125  # |gap| in nats, logprobs only (= 4 ULPs at |logit| in [4, 8))
+    drift_nats: float = 0.5  # pre-divergence drift and cache_boundary gaps
 
     def __post_init__(self) -> None:
         for name in ("tie_ulps", "tie_nats", "drift_nats"):
@@ -43,13 +43,15 @@ class Thresholds:
             if not (v >= 0 and np.isfinite(v)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v}")
         if self.drift_nats < self.tie_nats:
-            raise ConfigError(f"--drift-nats ({self.drift_nats}) must be >= --tie-nats ({self.tie_nats}): "
-                              "the drift tolerance is the looser one")
+            raise ConfigError(
+                f"--drift-nats ({self.drift_nats}) must be >= --tie-nats ({self.tie_nats}): "
+                "the drift tolerance is the looser one"
+            )
 
 
 def bf16_ulp(x: np.ndarray) -> np.ndarray:
     """BF16 unit in the last place at magnitude |x|: 2^(floor(log2|x|) - 7) (8-bit significand)."""
-    mag = np.maximum(np.abs(np.asarray(x, dtype=np.float64)), 2.0 ** -126)
+    mag = np.maximum(np.abs(np.asarray(x, dtype=np.float64)), 2.0**-126)
     return np.exp2(np.floor(np.log2(mag)) - 7)
 
 
@@ -75,7 +77,7 @@ def drift(al: Alignment, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
         return dmax, mean, bitwise
     starts = al.start[nz]
     pre = al.pos < t[al.seg]
-    d = np.abs(la - lb)                       # float32 [T]; NaN where either logprob is unknown
+    d = np.abs(la - lb)  # float32 [T]; NaN where either logprob is unknown
     d[~pre] = np.nan
     valid = ~np.isnan(d)
     cnt = np.add.reduceat(valid, starts, dtype=np.int64)
@@ -107,11 +109,17 @@ class SideGap:
     has_other: np.ndarray
 
 
-def side_gap(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None, mine: np.ndarray,
-             other: np.ndarray, chosen_lp: np.ndarray) -> SideGap:
+def side_gap(
+    ids: np.ndarray,
+    lps: np.ndarray,
+    logits: np.ndarray | None,
+    mine: np.ndarray,
+    other: np.ndarray,
+    chosen_lp: np.ndarray,
+) -> SideGap:
     """ids/lps/logits [D, k] top-k rows; mine/other [D] token ids; chosen_lp [D]."""
     D = len(mine)
-    if not ids.shape[1]:   # a trace without top-k: no gap can be measured
+    if not ids.shape[1]:  # a trace without top-k: no gap can be measured
         return SideGap(np.full(D, np.nan), np.full(D, np.nan), np.zeros(D, bool))
     r = np.arange(D)
     m_mine, m_other = ids == mine[:, None], ids == other[:, None]
@@ -154,12 +162,16 @@ def _tie_ok(g: SideGap, thr: Thresholds) -> np.ndarray:
     return g.has_other & np.where(np.isfinite(g.ulp), np.abs(g.ulp) <= thr.tie_ulps, np.abs(g.nats) <= thr.tie_nats)
 
 
-def flip_evidence(al: Alignment, t: np.ndarray, div: np.ndarray, token_a: np.ndarray, token_b: np.ndarray,
-                  thr: Thresholds) -> dict[str, np.ndarray]:
+def flip_evidence(
+    al: Alignment, t: np.ndarray, div: np.ndarray, token_a: np.ndarray, token_b: np.ndarray, thr: Thresholds
+) -> dict[str, np.ndarray]:
     """At the D pairs that differ inside the compared length: gaps, top-k
     membership and overlap, and whether the tie / numeric-gap tests pass. [P] each."""
     P = len(t)
-    f = lambda: np.full(P, np.nan)
+
+    def f():
+        return np.full(P, np.nan)
+
     ev = dict(gap_a=f(), gap_b=f(), gap_a_ulp=f(), gap_b_ulp=f(), topk_overlap=f())
     for name in ("b_in_topk_a", "a_in_topk_b", "tie", "numeric"):
         ev[name] = np.zeros(P, bool)
@@ -173,8 +185,9 @@ def flip_evidence(al: Alignment, t: np.ndarray, div: np.ndarray, token_a: np.nda
     ev["b_in_topk_a"][D], ev["a_in_topk_b"][D] = ga.has_other, gb.has_other
     ev["topk_overlap"][D] = topk_overlap(ids_a, ids_b)
     ev["tie"][D] = _tie_ok(ga, thr) & _tie_ok(gb, thr)
-    ev["numeric"][D] = (ga.has_other & gb.has_other & (np.abs(ga.nats) <= thr.drift_nats)
-                        & (np.abs(gb.nats) <= thr.drift_nats))
+    ev["numeric"][D] = (
+        ga.has_other & gb.has_other & (np.abs(ga.nats) <= thr.drift_nats) & (np.abs(gb.nats) <= thr.drift_nats)
+    )
     return ev
 
 
@@ -192,11 +205,14 @@ def classify(al: Alignment, thr: Thresholds, eos_ids: np.ndarray) -> dict[str, n
     dmax, dmean, bitwise = drift(al, t)
     eos_pos = eos_before(al, ta, t, np.asarray(eos_ids, dtype=np.int32))
     comparable = al.incomparable == ""
-    bound = lambda side, rows: np.where(rows >= 0, side.table.cached_tokens[np.maximum(rows, 0)], -1)
+
+    def bound(side, rows):
+        return np.where(rows >= 0, side.table.cached_tokens[np.maximum(rows, 0)], -1)
+
     ba, bb = bound(al.a, al.row_a).astype(np.int64), bound(al.b, al.row_b).astype(np.int64)
     identical = comparable & (t == al.length) & (al.n_a == al.n_b)
     div = comparable & (t < al.length)
-    at = div | (comparable & (t == al.length) & (al.n_a != al.n_b))   # or one side ended early
+    at = div | (comparable & (t == al.length) & (al.n_a != al.n_b))  # or one side ended early
     # Tokens at t (-1 where that side has no row t).
     has_a, has_b = at & (t < al.n_a), at & (t < al.n_b)
     token_a = _take(al.a.token_id, al.off_a + t, has_a)
@@ -218,7 +234,22 @@ def classify(al: Alignment, thr: Thresholds, eos_ids: np.ndarray) -> dict[str, n
     cls[post] = "post_eos"
     cls[div & ~post & drift_ok & ~tie & boundary_differs & numeric] = "cache_boundary"
     cls[div & ~post & drift_ok & tie] = "bf16_tie_flip"
-    return dict(key=al.keys, cls=cls, position=np.where(at, t, -1), token_a=token_a, token_b=token_b,
-                boundary_a=ba, boundary_b=bb, drift_max=dmax, drift_mean=dmean, bitwise=bitwise & comparable,
-                vllm_close=vllm, len_a=al.n_a, len_b=al.n_b, compared=al.length, eos_pos=eos_pos,
-                incomparable=al.incomparable, **ev)
+    return dict(
+        key=al.keys,
+        cls=cls,
+        position=np.where(at, t, -1),
+        token_a=token_a,
+        token_b=token_b,
+        boundary_a=ba,
+        boundary_b=bb,
+        drift_max=dmax,
+        drift_mean=dmean,
+        bitwise=bitwise & comparable,
+        vllm_close=vllm,
+        len_a=al.n_a,
+        len_b=al.n_b,
+        compared=al.length,
+        eos_pos=eos_pos,
+        incomparable=al.incomparable,
+        **ev,
+    )

@@ -26,10 +26,10 @@ FAILING = ("unexplained", "incomparable")
 
 @dataclass(frozen=True)
 class CellRow:
-    cell: dict                      # cell.json: id, target, dtype, prefix_cache, prompts, concurrency, paths
-    diff: dict | None               # tracekit.diff/1 summary (None: no diff, e.g. a capture failed)
+    cell: dict  # cell.json: id, target, dtype, prefix_cache, prompts, concurrency, paths
+    diff: dict | None  # tracekit.diff/1 summary (None: no diff, e.g. a capture failed)
     checks: tuple[dict, ...]
-    perf: dict = field(default_factory=dict)   # burst: tokens_per_s, ttft_ms p50/p90/p99, e2e_ms p50
+    perf: dict = field(default_factory=dict)  # burst: tokens_per_s, ttft_ms p50/p90/p99, e2e_ms p50
 
     @property
     def failed_checks(self) -> list[str]:
@@ -43,11 +43,19 @@ class CellRow:
         return "—" if self.diff is None else f"{self.diff['identical']}/{self.diff['pairs']}"
 
     def as_dict(self) -> dict:
-        return {**{k: self.cell.get(k) for k in ("id", "target", "dtype", "prefix_cache", "prompts",
-                                                 "output_tokens", "concurrency")},
-                "verdict": "pass" if self.ok else "fail", "equality": self.equality(), "classes": self.diff,
-                "checks": {c["name"]: c["status"] for c in self.checks}, "failed_checks": self.failed_checks,
-                "perf": self.perf, "paths": {k: self.cell.get(k) for k in ("baseline", "burst", "diff", "checks")}}
+        return {
+            **{
+                k: self.cell.get(k)
+                for k in ("id", "target", "dtype", "prefix_cache", "prompts", "output_tokens", "concurrency")
+            },
+            "verdict": "pass" if self.ok else "fail",
+            "equality": self.equality(),
+            "classes": self.diff,
+            "checks": {c["name"]: c["status"] for c in self.checks},
+            "failed_checks": self.failed_checks,
+            "perf": self.perf,
+            "paths": {k: self.cell.get(k) for k in ("baseline", "burst", "diff", "checks")},
+        }
 
 
 def _json(path: Path) -> dict | None:
@@ -76,9 +84,15 @@ def burst_perf(path: Path) -> dict:
     ttft = (t.t_first_token_s - t.t_sent_s)[ok] * 1e3
     e2e = (t.t_done_s - t.t_sent_s)[ok] * 1e3
     toks = int(t.n_tokens[ok].sum())
-    return {"requests": int(ok.sum()), "tokens": toks, "tokens_per_s": round(toks / span, 1) if span > 0 else None,
-            "ttft_ms_p50": _pct(ttft, 50), "ttft_ms_p90": _pct(ttft, 90), "ttft_ms_p99": _pct(ttft, 99),
-            "e2e_ms_p50": _pct(e2e, 50)}
+    return {
+        "requests": int(ok.sum()),
+        "tokens": toks,
+        "tokens_per_s": round(toks / span, 1) if span > 0 else None,
+        "ttft_ms_p50": _pct(ttft, 50),
+        "ttft_ms_p90": _pct(ttft, 90),
+        "ttft_ms_p99": _pct(ttft, 99),
+        "e2e_ms_p50": _pct(e2e, 50),
+    }
 
 
 def load_cells(root: str | Path) -> list[CellRow]:
@@ -107,11 +121,23 @@ def load_cells(root: str | Path) -> list[CellRow]:
 def summary(root: str | Path, rows: list[CellRow], plots: dict | None = None) -> dict:
     man = _json(Path(root) / "manifest.json") or {}
     fails = [r.cell["id"] for r in rows if not r.ok]
-    return {"schema": SCHEMA, "dir": str(root), "matrix": man.get("matrix"), "tool": man.get("tool"),
-            "git_commit": man.get("git_commit"), "host": man.get("host"), "cells": [r.as_dict() for r in rows],
-            "totals": {"cells": len(rows), "passed": len(rows) - len(fails), "failed": len(fails),
-                       **{k: sum((r.diff or {}).get(k, 0) for r in rows) for k in ("pairs", *CLASSES)}},
-            "failed_cells": fails, "plots": plots or {}}
+    return {
+        "schema": SCHEMA,
+        "dir": str(root),
+        "matrix": man.get("matrix"),
+        "tool": man.get("tool"),
+        "git_commit": man.get("git_commit"),
+        "host": man.get("host"),
+        "cells": [r.as_dict() for r in rows],
+        "totals": {
+            "cells": len(rows),
+            "passed": len(rows) - len(fails),
+            "failed": len(fails),
+            **{k: sum((r.diff or {}).get(k, 0) for r in rows) for k in ("pairs", *CLASSES)},
+        },
+        "failed_cells": fails,
+        "plots": plots or {},
+    }
 
 
 def _checks_cell(r: CellRow) -> str:
@@ -129,24 +155,51 @@ def _fmt(x, suffix="") -> str:
 
 
 def table_rows(rows: list[CellRow]) -> tuple[list[str], list[list[str]]]:
-    head = ["cell", "dtype", "cache", "conc", "identical", "tie flip", "cache bnd", "post EOS", "unexpl.",
-            "incomp.", "checks", "tok/s", "TTFT p50/p90/p99 ms", "verdict"]
+    head = [
+        "cell",
+        "dtype",
+        "cache",
+        "conc",
+        "identical",
+        "tie flip",
+        "cache bnd",
+        "post EOS",
+        "unexpl.",
+        "incomp.",
+        "checks",
+        "tok/s",
+        "TTFT p50/p90/p99 ms",
+        "verdict",
+    ]
     body = []
     for r in rows:
         c, d, p = r.cell, r.diff or {}, r.perf
         ttft = "/".join(_fmt(p.get(f"ttft_ms_p{q}")) for q in (50, 90, 99)) if p else ""
-        body.append([f"{c['target']} {c['prompts']} out{c['output_tokens']}", c["dtype"].upper(),
-                     "on" if c["prefix_cache"] else "off", str(c["concurrency"]), r.equality(),
-                     *(str(d.get(k, "—")) for k in ("bf16_tie_flip", "cache_boundary", "post_eos", "unexplained",
-                                                     "incomparable")),
-                     _checks_cell(r), _fmt(p.get("tokens_per_s")), ttft, "PASS" if r.ok else "**FAIL**"])
+        body.append(
+            [
+                f"{c['target']} {c['prompts']} out{c['output_tokens']}",
+                c["dtype"].upper(),
+                "on" if c["prefix_cache"] else "off",
+                str(c["concurrency"]),
+                r.equality(),
+                *(
+                    str(d.get(k, "—"))
+                    for k in ("bf16_tie_flip", "cache_boundary", "post_eos", "unexplained", "incomparable")
+                ),
+                _checks_cell(r),
+                _fmt(p.get("tokens_per_s")),
+                ttft,
+                "PASS" if r.ok else "**FAIL**",
+            ]
+        )
     return head, body
 
 
 def text_table(rows: list[CellRow]) -> str:
     head, body = table_rows(rows)
-    return tabulate([[c.replace("**", "") for c in row] for row in body], headers=head, tablefmt="simple",
-                    disable_numparse=True)
+    return tabulate(
+        [[c.replace("**", "") for c in row] for row in body], headers=head, tablefmt="simple", disable_numparse=True
+    )
 
 
 def markdown(root: str | Path, rows: list[CellRow], plots: dict | None = None) -> str:
@@ -155,10 +208,15 @@ def markdown(root: str | Path, rows: list[CellRow], plots: dict | None = None) -
     man = _json(root / "manifest.json") or {}
     head, body = table_rows(rows)
     n_ok = sum(r.ok for r in rows)
-    lines = [f"## tracekit matrix evidence: {(man.get('matrix') or {}).get('name', root.name)}", "",
-             f"**{n_ok}/{len(rows)} cells pass** (a cell fails on any `unexplained` or `incomparable` pair, "
-             "or any failed lifecycle check). Identical = serial baseline vs concurrent burst, equal token ids.", "",
-             tabulate(body, headers=head, tablefmt="github", disable_numparse=True), ""]
+    lines = [
+        f"## tracekit matrix evidence: {(man.get('matrix') or {}).get('name', root.name)}",
+        "",
+        f"**{n_ok}/{len(rows)} cells pass** (a cell fails on any `unexplained` or `incomparable` pair, "
+        "or any failed lifecycle check). Identical = serial baseline vs concurrent burst, equal token ids.",
+        "",
+        tabulate(body, headers=head, tablefmt="github", disable_numparse=True),
+        "",
+    ]
     lines += _failures(rows) + _setup(man) + _plot_lines(root, plots)
     return "\n".join(lines) + "\n"
 
@@ -168,10 +226,14 @@ def _failures(rows: list[CellRow]) -> list[str]:
     for r in rows:
         if r.ok:
             continue
-        out.append(f"- **{r.cell['id']}**: " + "; ".join(
-            [f"{r.diff[k]} {k}" for k in FAILING if r.diff and r.diff[k]] + ([r.cell.get("diff_error") or "no diff"]
-                                                                              if r.diff is None else [])
-            + [f"{c['name']}: {c['summary']}" for c in r.checks if c["status"] == "fail"]))
+        out.append(
+            f"- **{r.cell['id']}**: "
+            + "; ".join(
+                [f"{r.diff[k]} {k}" for k in FAILING if r.diff and r.diff[k]]
+                + ([r.cell.get("diff_error") or "no diff"] if r.diff is None else [])
+                + [f"{c['name']}: {c['summary']}" for c in r.checks if c["status"] == "fail"]
+            )
+        )
     return (["### Failed cells", ""] + out + [""]) if out else []
 
 
@@ -179,17 +241,28 @@ def _setup(man: dict) -> list[str]:
     if not man:
         return ["(no manifest.json: setup unknown)", ""]
     host = man.get("host") or {}
-    out = ["### Setup", "", f"- tool: {man.get('tool')}, commit `{man.get('git_commit')}`",
-           f"- command: `{man.get('command')}`",
-           f"- host: {host.get('hostname')} ({host.get('platform')}, {host.get('cpus')} CPUs, "
-           f"Python {host.get('python')})", f"- run: {man.get('started_utc')} → {man.get('finished_utc')}"]
+    out = [
+        "### Setup",
+        "",
+        f"- tool: {man.get('tool')}, commit `{man.get('git_commit')}`",
+        f"- command: `{man.get('command')}`",
+        f"- host: {host.get('hostname')} ({host.get('platform')}, {host.get('cpus')} CPUs, "
+        f"Python {host.get('python')})",
+        f"- run: {man.get('started_utc')} → {man.get('finished_utc')}",
+    ]
     for eid, e in (man.get("engines") or {}).items():
         meta = (((e.get("self_report") or {}).get("v1_models") or {}).get("data") or [{}])[0].get("meta") or {}
-        desc = ", ".join(f"{k}={meta[k]}" for k in ("engine", "version", "dtype", "attn", "slots", "prefix_cache",
-                                                     "inject_fault") if k in meta)
+        desc = ", ".join(
+            f"{k}={meta[k]}"
+            for k in ("engine", "version", "dtype", "attn", "slots", "prefix_cache", "inject_fault")
+            if k in meta
+        )
         cmd = " ".join(e.get("command") or []) or e.get("url", "")
-        out.append(f"- engine `{eid}`: `{cmd}`" + (f" — self-report: {desc}" if desc else "")
-                   + (f" — **did not start**: {e['error'][:200]}" if e.get("error") else ""))
+        out.append(
+            f"- engine `{eid}`: `{cmd}`"
+            + (f" — self-report: {desc}" if desc else "")
+            + (f" — **did not start**: {e['error'][:200]}" if e.get("error") else "")
+        )
     out.append(f"- {len(man.get('files') or {})} files with sha256 in `manifest.json`")
     return out + [""]
 
@@ -204,7 +277,9 @@ def _plot_lines(root: Path, plots: dict | None) -> list[str]:
     return out + [""]
 
 
-def write_report(root: str | Path, pair: tuple[str, str] | None = None, plots: bool = True) -> tuple[list[CellRow], dict, str]:
+def write_report(
+    root: str | Path, pair: tuple[str, str] | None = None, plots: bool = True
+) -> tuple[list[CellRow], dict, str]:
     """Write DIR/report/{report.md, summary.json, *.png}; returns (rows, summary JSON, markdown)."""
     root = Path(root)
     rows = load_cells(root)
@@ -213,6 +288,7 @@ def write_report(root: str | Path, pair: tuple[str, str] | None = None, plots: b
     made = {}
     if plots:
         from .plots import make_plots
+
         made = make_plots(root, [r.cell for r in rows], out, pair)
     doc = summary(root, rows, {k: Path(v).relative_to(root).as_posix() for k, v in made.items()})
     md = markdown(root, rows, made)

@@ -18,17 +18,24 @@ import numpy as np
 
 from tracekit.store import TraceReader
 
-
 # Column / legend order: the benign classes, then the failing ones.
 ORDER = ("identical", "bf16_tie_flip", "cache_boundary", "post_eos", "unexplained", "incomparable")
-COLORS = {"identical": "#9e9e9e", "post_eos": "#8e24aa", "bf16_tie_flip": "#1e88e5", "cache_boundary": "#43a047",
-          "unexplained": "#e53935", "incomparable": "#fb8c00"}
+COLORS = {
+    "identical": "#9e9e9e",
+    "post_eos": "#8e24aa",
+    "bf16_tie_flip": "#1e88e5",
+    "cache_boundary": "#43a047",
+    "unexplained": "#e53935",
+    "incomparable": "#fb8c00",
+}
 
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -42,21 +49,30 @@ def _diffs(root: Path, cells: list[dict]) -> list[tuple[dict, dict]]:
 
 
 def _label(c: dict) -> str:
-    return (f"{c['target']} {c['dtype']} cache-{'on' if c['prefix_cache'] else 'off'} {c['prompts']} "
-            f"out{c['output_tokens']} c{c['concurrency']}")
+    return (
+        f"{c['target']} {c['dtype']} cache-{'on' if c['prefix_cache'] else 'off'} {c['prompts']} "
+        f"out{c['output_tokens']} c{c['concurrency']}"
+    )
 
 
 def heatmap(diffs: list[tuple[dict, dict]], out: Path) -> None:
     plt = _plt()
-    counts = np.array([[d["summary"].get(k, 0) for k in ORDER] for _, d in diffs], dtype=float)   # [cells, classes]
+    counts = np.array([[d["summary"].get(k, 0) for k in ORDER] for _, d in diffs], dtype=float)  # [cells, classes]
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     fig, ax = plt.subplots(figsize=(9.5, 0.42 * len(diffs) + 1.8))
     ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i, j in np.ndindex(counts.shape):
         bad = ORDER[j] in ("unexplained", "incomparable") and counts[i, j] > 0
-        ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=9,
-                color="#b71c1c" if bad else ("white" if share[i, j] > 0.6 else "black"),
-                fontweight="bold" if bad else "normal")
+        ax.text(
+            j,
+            i,
+            f"{int(counts[i, j])}",
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="#b71c1c" if bad else ("white" if share[i, j] > 0.6 else "black"),
+            fontweight="bold" if bad else "normal",
+        )
     ax.set_xticks(range(len(ORDER)), [c.replace("_", " ") for c in ORDER], rotation=20)
     ax.set_yticks(range(len(diffs)), [_label(c) for c, _ in diffs], fontsize=8)
     ax.set_title("Divergence classes per cell (pairs: serial baseline vs concurrent burst)", fontsize=10)
@@ -71,17 +87,29 @@ def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     n, top = 0, 1.0
-    rng = np.random.default_rng(0)   # x jitter only, so equal (position, gap) points stay visible
+    rng = np.random.default_rng(0)  # x jitter only, so equal (position, gap) points stay visible
     for cls in ORDER:
         for marker, dtype in (("o", "bf16"), ("s", "fp32"), ("^", "fp16")):
-            pts = [(p["position"], abs(p["gap_a_ulp"])) for c, d in diffs if c["dtype"] == dtype
-                   for p in d["pairs"] if p["class"] == cls and p["position"] is not None
-                   and p["gap_a_ulp"] is not None]
+            pts = [
+                (p["position"], abs(p["gap_a_ulp"]))
+                for c, d in diffs
+                if c["dtype"] == dtype
+                for p in d["pairs"]
+                if p["class"] == cls and p["position"] is not None and p["gap_a_ulp"] is not None
+            ]
             if pts:
                 x, y = np.array(pts, dtype=float).T
-                ax.scatter(x + rng.uniform(-0.2, 0.2, len(x)), y, s=30, marker=marker, color=COLORS[cls],
-                           alpha=0.75, label=f"{cls} ({dtype.upper()} engine, {len(pts)})", edgecolors="black",
-                           linewidths=0.3)
+                ax.scatter(
+                    x + rng.uniform(-0.2, 0.2, len(x)),
+                    y,
+                    s=30,
+                    marker=marker,
+                    color=COLORS[cls],
+                    alpha=0.75,
+                    label=f"{cls} ({dtype.upper()} engine, {len(pts)})",
+                    edgecolors="black",
+                    linewidths=0.3,
+                )
                 n += len(pts)
                 top = max(top, float(y.max()))
     tie = next((d["thresholds"]["tie_ulps"] for _, d in diffs), 4)
@@ -93,8 +121,13 @@ def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
     ax.set_ylabel("top-2 gap in the reference trace\n(BF16 ULPs of the raw logits; 0 = exact tie)")
     ax.set_title("Gap between the two competing tokens at each divergence", fontsize=10)
     if n:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="class (engine dtype, pairs)",
-                  title_fontsize=8)
+        ax.legend(
+            fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            title="class (engine dtype, pairs)",
+            title_fontsize=8,
+        )
     else:
         ax.text(0.5, 0.5, "no divergence with raw logits in this run", transform=ax.transAxes, ha="center")
     ax.grid(alpha=0.3)
@@ -141,15 +174,19 @@ def drift(root: Path, cell: dict, pair: dict, out: Path) -> None:
         ax.axvspan(t, max(n, t + 1) - 0.5, color="#eeeeee", zorder=0)
         ax.grid(alpha=0.3)
     ax1.legend(fontsize=8)
-    ax1.set_title(f"{_label(cell)} · key {pair['key']}\n{pair['class']} at position {t} "
-                  f"(tokens {pair['token_a']} vs {pair['token_b']}); grey: after the divergence", fontsize=9)
+    ax1.set_title(
+        f"{_label(cell)} · key {pair['key']}\n{pair['class']} at position {t} "
+        f"(tokens {pair['token_a']} vs {pair['token_b']}); grey: after the divergence",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
-def make_plots(root: str | Path, cells: list[dict], out_dir: str | Path,
-               pair: tuple[str, str] | None = None) -> dict[str, str]:
+def make_plots(
+    root: str | Path, cells: list[dict], out_dir: str | Path, pair: tuple[str, str] | None = None
+) -> dict[str, str]:
     """Write the PNGs under out_dir; returns {name: path}. pair = (cell id, key) for drift.png."""
     root, out_dir = Path(root), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -162,6 +199,7 @@ def make_plots(root: str | Path, cells: list[dict], out_dir: str | Path,
     chosen = pick_pair(diffs)
     if pair is not None:
         from tracekit.errors import ConfigError
+
         cd = next(((c, d) for c, d in diffs if c["id"] == pair[0]), None)
         p = next((p for p in cd[1]["pairs"] if p["key"] == pair[1]), None) if cd else None
         if p is None or p["position"] is None:

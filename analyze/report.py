@@ -43,21 +43,45 @@ def _bound(x: int | None) -> str:
     return "?" if x is None else str(x)
 
 
-def rows(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | None = None) -> tuple[list[str], list[list]]:
+def rows(
+    r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | None = None
+) -> tuple[list[str], list[list]]:
     """Headers and one row per pair (filtered to classes `only` when given)."""
     teacher = any(p.teacher for p in r.pairs)
-    head = ["key", "class", "pos", "token A", "token B", "gap A nats (ulp)", "gap B nats (ulp)", "boundary A/B",
-            "drift max/mean", "top-k ∩", "vllm close", "rule"] + (["teacher-forced"] if teacher else [])
+    head = [
+        "key",
+        "class",
+        "pos",
+        "token A",
+        "token B",
+        "gap A nats (ulp)",
+        "gap B nats (ulp)",
+        "boundary A/B",
+        "drift max/mean",
+        "top-k ∩",
+        "vllm close",
+        "rule",
+    ] + (["teacher-forced"] if teacher else [])
     out = []
     for p in r.pairs:
         if only and p.cls not in only:
             continue
         vllm = "" if p.vllm_close is None else ("yes" if p.vllm_close else "no")
         drift = "" if p.drift_max is None else f"{p.drift_max:.3g}/{_num(p.drift_mean)}"
-        row = [p.key, p.cls, "" if p.position is None else p.position, _tok(p.token_a, decode),
-               _tok(p.token_b, decode), _gap(p.gap_a, p.gap_a_ulp, p.b_in_topk_a),
-               _gap(p.gap_b, p.gap_b_ulp, p.a_in_topk_b),
-               f"{_bound(p.boundary_a)}/{_bound(p.boundary_b)}", drift, _num(p.topk_overlap, ".2f"), vllm, p.rule]
+        row = [
+            p.key,
+            p.cls,
+            "" if p.position is None else p.position,
+            _tok(p.token_a, decode),
+            _tok(p.token_b, decode),
+            _gap(p.gap_a, p.gap_a_ulp, p.b_in_topk_a),
+            _gap(p.gap_b, p.gap_b_ulp, p.a_in_topk_b),
+            f"{_bound(p.boundary_a)}/{_bound(p.boundary_b)}",
+            drift,
+            _num(p.topk_overlap, ".2f"),
+            vllm,
+            p.rule,
+        ]
         out.append(row + ([p.teacher or ""] if teacher else []))
     return head, out
 
@@ -69,10 +93,13 @@ def table(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | No
 
 def _header(r: DiffResult) -> list[str]:
     t = r.thresholds
-    lines = [f"A: {r.a}", f"B: {r.b}",
-             f"thresholds: tie {t.tie_ulps:g} ulp (raw logits) / {t.tie_nats:g} nats (logprobs only); "
-             f"drift {t.drift_nats:g} nats",
-             f"EOS ids: {', '.join(map(str, r.eos_ids)) or 'none'} ({r.eos_source})"]
+    lines = [
+        f"A: {r.a}",
+        f"B: {r.b}",
+        f"thresholds: tie {t.tie_ulps:g} ulp (raw logits) / {t.tie_nats:g} nats (logprobs only); "
+        f"drift {t.drift_nats:g} nats",
+        f"EOS ids: {', '.join(map(str, r.eos_ids)) or 'none'} ({r.eos_source})",
+    ]
     return lines + [f"note: {n}" for n in r.notes]
 
 
@@ -83,7 +110,10 @@ def text(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | Non
 def markdown(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | None = None) -> str:
     """A block to paste into a pull request."""
     head, body = rows(r, only, decode)
-    esc = lambda s: str(s).replace("|", "\\|")
+
+    def esc(s):
+        return str(s).replace("|", "\\|")
+
     body = [[esc(c) for c in row] for row in body]
     lines = [f"**tracekit diff**: {summary_line(r)}", ""] + [f"- {esc(x)}" for x in _header(r)] + [""]
     return "\n".join(lines) + "\n" + tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n"

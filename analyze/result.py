@@ -41,21 +41,21 @@ class PairResult:
     position: int | None
     token_a: int | None
     token_b: int | None
-    gap_a: float | None          # nats: logprob_A(token_a) - logprob_A(token_b)
-    gap_b: float | None          # nats: logprob_B(token_b) - logprob_B(token_a)
-    gap_a_ulp: float | None      # the same gaps in BF16 ULPs of the raw logits
+    gap_a: float | None  # nats: logprob_A(token_a) - logprob_A(token_b)
+    gap_b: float | None  # nats: logprob_B(token_b) - logprob_B(token_a)
+    gap_a_ulp: float | None  # the same gaps in BF16 ULPs of the raw logits
     gap_b_ulp: float | None
-    boundary_a: int | None       # cached_tokens (reused-prefix boundary)
+    boundary_a: int | None  # cached_tokens (reused-prefix boundary)
     boundary_b: int | None
-    drift_max: float | None      # max |Δ chosen logprob| before the divergence (nats)
+    drift_max: float | None  # max |Δ chosen logprob| before the divergence (nats)
     drift_mean: float | None
-    bitwise: bool                # chosen logprobs bitwise equal before the divergence
-    topk_overlap: float | None   # share of A's top-k ids in B's top-k at the divergence
-    vllm_close: bool | None      # check_logprobs_close's verdict
+    bitwise: bool  # chosen logprobs bitwise equal before the divergence
+    topk_overlap: float | None  # share of A's top-k ids in B's top-k at the divergence
+    vllm_close: bool | None  # check_logprobs_close's verdict
     len_a: int
     len_b: int
     rule: str
-    teacher: str | None = None       # the --teacher-forced verdict
+    teacher: str | None = None  # the --teacher-forced verdict
     b_in_topk_a: bool | None = None  # when False, gap_a is only a lower bound
     a_in_topk_b: bool | None = None
 
@@ -81,8 +81,10 @@ def rule_text(c: Mapping[str, np.ndarray], i: int, thr: Thresholds) -> str:
     if cls == "bf16_tie_flip":
         return f"{gaps} <= tie ({thr.tie_ulps:g} ulp / {thr.tie_nats:g} nats); {drift} <= {thr.drift_nats:g}"
     if cls == "cache_boundary":
-        return (f"boundaries {c['boundary_a'][i]} vs {c['boundary_b'][i]}; {gaps} <= drift tolerance "
-                f"{thr.drift_nats:g}; {drift}")
+        return (
+            f"boundaries {c['boundary_a'][i]} vs {c['boundary_b'][i]}; {gaps} <= drift tolerance "
+            f"{thr.drift_nats:g}; {drift}"
+        )
     return _unexplained_text(c, i, thr, gaps, drift)
 
 
@@ -97,8 +99,10 @@ def _gap(c, side: str, i: int) -> str:
 
 def _unexplained_text(c, i: int, thr: Thresholds, gaps: str, drift: str) -> str:
     if c["position"][i] >= c["compared"][i]:
-        return (f"length mismatch: {c['len_a'][i]} vs {c['len_b'][i]} tokens, identical up to "
-                f"{c['compared'][i]}, no EOS before")
+        return (
+            f"length mismatch: {c['len_a'][i]} vs {c['len_b'][i]} tokens, identical up to "
+            f"{c['compared'][i]}, no EOS before"
+        )
     if np.isfinite(c["drift_max"][i]) and c["drift_max"][i] > thr.drift_nats:
         same = " with identical boundaries" if c["boundary_a"][i] == c["boundary_b"][i] else ""
         return f"{drift} > {thr.drift_nats:g} before the flip{same}"
@@ -107,8 +111,11 @@ def _unexplained_text(c, i: int, thr: Thresholds, gaps: str, drift: str) -> str:
     if not c["a_in_topk_b"][i]:
         return f"A's token {c['token_a'][i]} not in B's top-k; {gaps}"
     ba, bb = c["boundary_a"][i], c["boundary_b"][i]
-    why = (f"beyond drift tolerance {thr.drift_nats:g}" if ba != bb and ba >= 0 and bb >= 0
-           else f"boundaries {'equal' if ba == bb else 'unknown'} ({ba} vs {bb})")
+    why = (
+        f"beyond drift tolerance {thr.drift_nats:g}"
+        if ba != bb and ba >= 0 and bb >= 0
+        else f"boundaries {'equal' if ba == bb else 'unknown'} ({ba} vs {bb})"
+    )
     return f"{gaps} beyond tie tolerance, {why}"
 
 
@@ -121,7 +128,7 @@ class DiffResult:
     thresholds: Thresholds
     eos_ids: tuple[int, ...]
     eos_source: str
-    columns: Mapping[str, np.ndarray]   # classify() columns + rule + teacher, each [P]
+    columns: Mapping[str, np.ndarray]  # classify() columns + rule + teacher, each [P]
     notes: tuple[str, ...] = ()
 
     def __len__(self) -> int:
@@ -131,15 +138,29 @@ class DiffResult:
         c = self.columns
         vc = int(c["vllm_close"][i])
         return PairResult(
-            key=str(c["key"][i]), cls=str(c["cls"][i]), position=_i(c["position"][i]),
-            token_a=_i(c["token_a"][i]), token_b=_i(c["token_b"][i]),
-            gap_a=_f(c["gap_a"][i]), gap_b=_f(c["gap_b"][i]),
-            gap_a_ulp=_f(c["gap_a_ulp"][i]), gap_b_ulp=_f(c["gap_b_ulp"][i]),
-            boundary_a=_i(c["boundary_a"][i]), boundary_b=_i(c["boundary_b"][i]),
-            drift_max=_f(c["drift_max"][i]), drift_mean=_f(c["drift_mean"][i]), bitwise=bool(c["bitwise"][i]),
-            topk_overlap=_f(c["topk_overlap"][i]), vllm_close=None if vc < 0 else bool(vc),
-            len_a=int(c["len_a"][i]), len_b=int(c["len_b"][i]), rule=str(c["rule"][i]),
-            teacher=c["teacher"][i], b_in_topk_a=_flag(c, "b_in_topk_a", i), a_in_topk_b=_flag(c, "a_in_topk_b", i))
+            key=str(c["key"][i]),
+            cls=str(c["cls"][i]),
+            position=_i(c["position"][i]),
+            token_a=_i(c["token_a"][i]),
+            token_b=_i(c["token_b"][i]),
+            gap_a=_f(c["gap_a"][i]),
+            gap_b=_f(c["gap_b"][i]),
+            gap_a_ulp=_f(c["gap_a_ulp"][i]),
+            gap_b_ulp=_f(c["gap_b_ulp"][i]),
+            boundary_a=_i(c["boundary_a"][i]),
+            boundary_b=_i(c["boundary_b"][i]),
+            drift_max=_f(c["drift_max"][i]),
+            drift_mean=_f(c["drift_mean"][i]),
+            bitwise=bool(c["bitwise"][i]),
+            topk_overlap=_f(c["topk_overlap"][i]),
+            vllm_close=None if vc < 0 else bool(vc),
+            len_a=int(c["len_a"][i]),
+            len_b=int(c["len_b"][i]),
+            rule=str(c["rule"][i]),
+            teacher=c["teacher"][i],
+            b_in_topk_a=_flag(c, "b_in_topk_a", i),
+            a_in_topk_b=_flag(c, "a_in_topk_b", i),
+        )
 
     @property
     def pairs(self) -> tuple[PairResult, ...]:
@@ -162,10 +183,30 @@ class DiffResult:
 
     def to_json(self) -> dict[str, Any]:
         s = self.counts()
-        summary = {k: s[k] for k in ("pairs", "identical", "post_eos", "bf16_tie_flip", "cache_boundary",
-                                     "unexplained", "incomparable")}
-        return {"schema": SCHEMA, "a": self.a, "b": self.b, "summary": summary,
-                "thresholds": {"tie_ulps": self.thresholds.tie_ulps, "tie_nats": self.thresholds.tie_nats,
-                               "drift_nats": self.thresholds.drift_nats},
-                "eos_token_ids": list(self.eos_ids), "eos_source": self.eos_source, "notes": list(self.notes),
-                "pairs": [p.to_json() for p in self.pairs]}
+        summary = {
+            k: s[k]
+            for k in (
+                "pairs",
+                "identical",
+                "post_eos",
+                "bf16_tie_flip",
+                "cache_boundary",
+                "unexplained",
+                "incomparable",
+            )
+        }
+        return {
+            "schema": SCHEMA,
+            "a": self.a,
+            "b": self.b,
+            "summary": summary,
+            "thresholds": {
+                "tie_ulps": self.thresholds.tie_ulps,
+                "tie_nats": self.thresholds.tie_nats,
+                "drift_nats": self.thresholds.drift_nats,
+            },
+            "eos_token_ids": list(self.eos_ids),
+            "eos_source": self.eos_source,
+            "notes": list(self.notes),
+            "pairs": [p.to_json() for p in self.pairs],
+        }

@@ -28,12 +28,14 @@ def _row_of(r: TraceReader, key: str, select: str | None) -> int:
     hits = np.flatnonzero(keep)
     if not len(hits):
         near = ", ".join(sorted(set(t.key.tolist()))[:5])
-        raise ConfigError(f"{r.path}: no request with key {key!r}"
-                          f"{' matching the selection' if select else ''} (keys include: {near})")
+        raise ConfigError(
+            f"{r.path}: no request with key {key!r}{' matching the selection' if select else ''} (keys include: {near})"
+        )
     if len(hits) > 1 and r.meta.source == "teacher_forced":
         combos = "; ".join(f"history={t.history[i]},dtype={t.dtype[i]}" for i in hits)
-        raise ConfigError(f"{r.path}: key {key!r} has several teacher-forced rows ({combos}); pick one "
-                          f"with --a-select/--b-select")
+        raise ConfigError(
+            f"{r.path}: key {key!r} has several teacher-forced rows ({combos}); pick one with --a-select/--b-select"
+        )
     return int(hits[-1])
 
 
@@ -57,8 +59,15 @@ def _candidates(tok: TokenColumns, t: int, k: int, decode) -> list[dict[str, Any
         if ids[j] < 0:
             break
         ulp = (top_logit - lgs[j]) / bf16_ulp(max(abs(top_logit), abs(lgs[j]))) if np.isfinite(lgs[j]) else None
-        out.append({"id": int(ids[j]), "text": decode(int(ids[j])) if decode else None, "logprob": _f(lps[j]),
-                    "logit": _f(lgs[j]), "ulp_from_top1": _f(ulp)})
+        out.append(
+            {
+                "id": int(ids[j]),
+                "text": decode(int(ids[j])) if decode else None,
+                "logprob": _f(lps[j]),
+                "logit": _f(lgs[j]),
+                "ulp_from_top1": _f(ulp),
+            }
+        )
     return out
 
 
@@ -74,9 +83,17 @@ def first_difference(a: TokenColumns, b: TokenColumns) -> int | None:
     return n if len(a) != len(b) else None
 
 
-def drill(a_path: str, b_path: str | None, key: str, position: int | None = None, context: int = 5,
-          topk: int = 5, decode: Callable[[int], str] | None = None, a_select: str | None = None,
-          b_select: str | None = None) -> dict[str, Any]:
+def drill(
+    a_path: str,
+    b_path: str | None,
+    key: str,
+    position: int | None = None,
+    context: int = 5,
+    topk: int = 5,
+    decode: Callable[[int], str] | None = None,
+    a_select: str | None = None,
+    b_select: str | None = None,
+) -> dict[str, Any]:
     """The data `tracekit show` prints, as JSON-able data (schema tracekit.show/1)."""
     with contextlib.ExitStack() as stack:
         ra = stack.enter_context(TraceReader(a_path))
@@ -94,16 +111,20 @@ def drill(a_path: str, b_path: str | None, key: str, position: int | None = None
         sides = {"a": _side(ra, ia, ta, t0, topk, decode)}
         if tb is not None:
             sides["b"] = _side(rb, _row_of(rb, key, b_select), tb, t0, topk, decode)
-        return {"schema": "tracekit.show/1", "key": key, "position": t0, "first_difference": div,
-                "rows": rows, **sides}
+        return {"schema": "tracekit.show/1", "key": key, "position": t0, "first_difference": div, "rows": rows, **sides}
 
 
 def _side(r: TraceReader, i: int, tok: TokenColumns, t0: int, topk: int, decode) -> dict[str, Any]:
     rec = r.record(i)
-    return {"file": r.path, "length": len(tok), "finish_reason": rec.finish_reason,
-            "cached_tokens": rec.cached_tokens if rec.cached_tokens >= 0 else None,
-            "history": rec.history or None, "dtype": rec.dtype or None,
-            "topk_at_position": _candidates(tok, t0, topk, decode) if t0 < len(tok) else []}
+    return {
+        "file": r.path,
+        "length": len(tok),
+        "finish_reason": rec.finish_reason,
+        "cached_tokens": rec.cached_tokens if rec.cached_tokens >= 0 else None,
+        "history": rec.history or None,
+        "dtype": rec.dtype or None,
+        "topk_at_position": _candidates(tok, t0, topk, decode) if t0 < len(tok) else [],
+    }
 
 
 def _position(t: int, ta: TokenColumns, tb: TokenColumns | None, decode) -> dict[str, Any]:
@@ -112,6 +133,7 @@ def _position(t: int, ta: TokenColumns, tb: TokenColumns | None, decode) -> dict
             return None
         i = int(tok.token_id[t])
         return {"id": i, "text": decode(i) if decode else None, "logprob": _f(tok.logprob[t])}
+
     a, b = one(ta), one(tb)
     same = a is not None and b is not None and a["id"] == b["id"]
     dlp = _f(a["logprob"] - b["logprob"]) if same and a["logprob"] is not None and b["logprob"] is not None else None
@@ -120,8 +142,13 @@ def _position(t: int, ta: TokenColumns, tb: TokenColumns | None, decode) -> dict
 
 def render(d: dict[str, Any]) -> str:
     """Plain text: a header, the tokens around the position, the top-k of each side there."""
-    tok = lambda x: "" if x is None else (f"{x['id']} {x['text']!r}" if x["text"] is not None else str(x["id"]))
-    lp = lambda x: "" if x is None or x["logprob"] is None else f"{x['logprob']:.4f}"
+
+    def tok(x):
+        return "" if x is None else (f"{x['id']} {x['text']!r}" if x["text"] is not None else str(x["id"]))
+
+    def lp(x):
+        return "" if x is None or x["logprob"] is None else f"{x['logprob']:.4f}"
+
     head = ["", "pos", "A token", "A logprob"] + (["B token", "B logprob", "Δ logprob"] if "b" in d else [])
     body = []
     for r in d["rows"]:
@@ -131,23 +158,42 @@ def render(d: dict[str, Any]) -> str:
             row += [tok(r["b"]), lp(r["b"]), "" if r["delta_logprob"] is None else f"{r['delta_logprob']:+.3g}"]
         body.append(row)
     fd = d["first_difference"]
-    lines = [f"key {d['key']}  position {d['position']}"
-             + ("" if "b" not in d else f"  (first difference: {'none' if fd is None else fd})")]
+    lines = [
+        f"key {d['key']}  position {d['position']}"
+        + ("" if "b" not in d else f"  (first difference: {'none' if fd is None else fd})")
+    ]
     for name in ("a", "b"):
         if name in d:
             s = d[name]
-            lines.append(f"{name.upper()}: {s['file']}  length {s['length']}  finish {s['finish_reason'] or '?'}  "
-                         f"cached_tokens {s['cached_tokens'] if s['cached_tokens'] is not None else '?'}"
-                         + (f"  history {s['history']} {s['dtype'] or ''}" if s["history"] else ""))
+            lines.append(
+                f"{name.upper()}: {s['file']}  length {s['length']}  finish {s['finish_reason'] or '?'}  "
+                f"cached_tokens {s['cached_tokens'] if s['cached_tokens'] is not None else '?'}"
+                + (f"  history {s['history']} {s['dtype'] or ''}" if s["history"] else "")
+            )
     lines += ["", tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)]
     for name in ("a", "b"):
         if name in d and d[name]["topk_at_position"]:
-            cand = [[j + 1, c["id"], "" if c["text"] is None else repr(c["text"]), _n(c["logprob"], ".4f"),
-                     _n(c["logit"], ".4f"), _n(c["ulp_from_top1"], ".2f")]
-                    for j, c in enumerate(d[name]["topk_at_position"])]
-            lines += ["", f"top-k of {name.upper()} at position {d['position']}:",
-                      tabulate(cand, headers=["rank", "id", "text", "logprob", "logit", "ulp from top-1"],
-                               tablefmt="simple", disable_numparse=True)]
+            cand = [
+                [
+                    j + 1,
+                    c["id"],
+                    "" if c["text"] is None else repr(c["text"]),
+                    _n(c["logprob"], ".4f"),
+                    _n(c["logit"], ".4f"),
+                    _n(c["ulp_from_top1"], ".2f"),
+                ]
+                for j, c in enumerate(d[name]["topk_at_position"])
+            ]
+            lines += [
+                "",
+                f"top-k of {name.upper()} at position {d['position']}:",
+                tabulate(
+                    cand,
+                    headers=["rank", "id", "text", "logprob", "logit", "ulp from top-1"],
+                    tablefmt="simple",
+                    disable_numparse=True,
+                ),
+            ]
     return "\n".join(lines)
 
 

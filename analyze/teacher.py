@@ -56,9 +56,12 @@ def cross_check(diag: TraceReader, al: Alignment, cols: dict[str, np.ndarray]) -
             out[i] = "no diagnostic row for this key"
             continue
         t = int(t_all[i])
-        a_prefix = al.a.token_id[al.off_a[i]:al.off_a[i] + t]
-        usable = [r for r in rows if tab.n_tokens[r] > t
-                  and np.array_equal(d_tok[tab.token_offset[r]:tab.token_offset[r] + t], a_prefix)]
+        a_prefix = al.a.token_id[al.off_a[i] : al.off_a[i] + t]
+        usable = [
+            r
+            for r in rows
+            if tab.n_tokens[r] > t and np.array_equal(d_tok[tab.token_offset[r] : tab.token_offset[r] + t], a_prefix)
+        ]
         if not usable:
             out[i] = "not comparable (the diagnostic replays other tokens or is shorter)"
         jobs += [(i, r) for r in usable]
@@ -76,8 +79,11 @@ def cross_check(diag: TraceReader, al: Alignment, cols: dict[str, np.ndarray]) -
 
 def _verdict(conf: dict[tuple[str, str], int], token_a: int, token_b: int) -> str:
     to_b = [c for c, a in conf.items() if a == token_b]
-    vs_full = [c for c, a in conf.items() if c[0] != "full" and ("full", c[1]) in conf
-               and a != conf[("full", c[1])] and c not in to_b]
+    vs_full = [
+        c
+        for c, a in conf.items()
+        if c[0] != "full" and ("full", c[1]) in conf and a != conf[("full", c[1])] and c not in to_b
+    ]
     n = len(conf)
     if not to_b and not vs_full:
         return f"not reproduced ({n} configuration{'s' if n != 1 else ''})"

@@ -15,14 +15,13 @@ import os
 from .classify import CLASSES
 
 
-def assert_equivalent(a, b, allow: set[str] | frozenset[str] | tuple = (), max_listed: int = 20,
-                      **diff_kwargs):
+def assert_equivalent(a, b, allow: set[str] | frozenset[str] | tuple = (), max_listed: int = 20, **diff_kwargs):
     """Diff b against a; raise AssertionError listing the pairs whose class is not allowed.
 
     `a`/`b` are paths or TraceReaders; `diff_kwargs` go to analyze.diff
     (thresholds, selections, eos). Returns the DiffResult when it passes.
     """
-    from .core import diff
+    from .compare import diff
 
     allow = set(allow)
     unknown = allow - set(CLASSES)
@@ -33,8 +32,11 @@ def assert_equivalent(a, b, allow: set[str] | frozenset[str] | tuple = (), max_l
     bad = [p for p in result.pairs if p.cls not in ok]
     if bad:
         from .report import summary_line
-        lines = [f"{len(bad)} pair(s) of {os.fspath(result.b)} vs {os.fspath(result.a)} not in "
-                 f"{sorted(ok)}: {summary_line(result)}"]
+
+        lines = [
+            f"{len(bad)} pair(s) of {os.fspath(result.b)} vs {os.fspath(result.a)} not in "
+            f"{sorted(ok)}: {summary_line(result)}"
+        ]
         for p in bad[:max_listed]:
             lines.append(f"  {p.key}: {p.cls} at {p.position} (A {p.token_a} / B {p.token_b}): {p.rule}")
         if len(bad) > max_listed:

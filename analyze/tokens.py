@@ -9,28 +9,35 @@ from typing import Callable, Mapping
 from tracekit.errors import ConfigError
 
 
-def load_decoder(tokenizer_dir: str | None, run: Mapping | None = None,
-                 required: bool = False) -> Callable[[int], str] | None:
+def load_decoder(
+    tokenizer_dir: str | None, run: Mapping | None = None, required: bool = False
+) -> Callable[[int], str] | None:
     """A function id -> text, or None when no tokenizer is known (and not required)."""
     if tokenizer_dir:
         d = os.fspath(tokenizer_dir)
         path = os.path.join(d, "tokenizer.json") if os.path.isdir(d) else d
         if not os.path.isfile(path):
-            raise ConfigError(f"{path}: no tokenizer.json there; pass --tokenizer DIR (a directory with "
-                              "tokenizer.json)")
+            raise ConfigError(
+                f"{path}: no tokenizer.json there; pass --tokenizer DIR (a directory with tokenizer.json)"
+            )
     else:
         # The run's tokenizer, else its model directory when it holds tokenizer.json
         # (teacher-forced traces name the model). A path from another machine: ids only.
         run = run or {}
-        guesses = [os.path.join(run[k], "tokenizer.json") for k in ("tokenizer", "model_dir", "model")
-                   if isinstance(run.get(k), str) and run[k]]
+        guesses = [
+            os.path.join(run[k], "tokenizer.json")
+            for k in ("tokenizer", "model_dir", "model")
+            if isinstance(run.get(k), str) and run[k]
+        ]
         path = next((g for g in guesses if os.path.isfile(g)), None)
         if path is None:
             if required:
-                raise ConfigError("no tokenizer: the trace's run metadata names none that exists here; "
-                                  "pass --tokenizer DIR")
+                raise ConfigError(
+                    "no tokenizer: the trace's run metadata names none that exists here; pass --tokenizer DIR"
+                )
             return None
     from tokenizers import Tokenizer
+
     try:
         tok = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises a bare Exception on a bad file

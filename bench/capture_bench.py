@@ -5,7 +5,7 @@ own) streams pre-built vLLM-style SSE events (`token_id:N` strings, top-20
 logprobs, `token_ids`, usage, `[DONE]`) as fast as it can. At concurrency 1,
 16 and 64 the same requests are read by
 - bare: one ClientSession, `iter_any()`, events split on blank lines, no parsing;
-- tracekit: `capture.http.run_capture` with the vllm dialect, top-20 logprobs
+- tracekit: `capture.capture_run.run_capture` with the vllm dialect, top-20 logprobs
   parsed, columns built and appended to an HDF5 trace after each request.
 Two more rows put the ratio in context: bare-lines reads line by line
 (`async for line in resp.content`, as vLLM's and SGLang's benchmark clients
@@ -54,15 +54,44 @@ def build_events(n_tokens: int, seed: int = 0) -> bytes:
     for i in range(n_tokens):
         ids = rng.sample(range(32000), TOPK)
         lps = sorted((-rng.random() * 8 for _ in ids), reverse=True)
-        ch = {"index": 0, "text": f" w{ids[0]}", "logprobs": {
-            "text_offset": [i * 4], "token_logprobs": [lps[0]], "tokens": [f"token_id:{ids[0]}"],
-            "top_logprobs": [{f"token_id:{t}": lp for t, lp in zip(ids, lps)}]},
-            "finish_reason": "length" if i == n_tokens - 1 else None, "stop_reason": None, "token_ids": [ids[0]]}
-        out.append({"id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "bench",
-                    "choices": [ch], "usage": None})
-    out.append({"id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "bench", "choices": [],
-                "usage": {"prompt_tokens": 16, "completion_tokens": n_tokens, "total_tokens": 16 + n_tokens,
-                          "prompt_tokens_details": {"cached_tokens": 0}}})
+        ch = {
+            "index": 0,
+            "text": f" w{ids[0]}",
+            "logprobs": {
+                "text_offset": [i * 4],
+                "token_logprobs": [lps[0]],
+                "tokens": [f"token_id:{ids[0]}"],
+                "top_logprobs": [{f"token_id:{t}": lp for t, lp in zip(ids, lps)}],
+            },
+            "finish_reason": "length" if i == n_tokens - 1 else None,
+            "stop_reason": None,
+            "token_ids": [ids[0]],
+        }
+        out.append(
+            {
+                "id": "cmpl-bench",
+                "object": "text_completion",
+                "created": 1,
+                "model": "bench",
+                "choices": [ch],
+                "usage": None,
+            }
+        )
+    out.append(
+        {
+            "id": "cmpl-bench",
+            "object": "text_completion",
+            "created": 1,
+            "model": "bench",
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 16,
+                "completion_tokens": n_tokens,
+                "total_tokens": 16 + n_tokens,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            },
+        }
+    )
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in out) + b"data: [DONE]\n\n"
 
 
@@ -120,8 +149,10 @@ async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "
 
     async def one(session) -> int:
         n, buf = 0, b""
-        async with sem, session.post(url + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"}) as r:
+        async with (
+            sem,
+            session.post(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as r,
+        ):
             if mode == "lines":
                 async for line in r.content:
                     line = line.strip()
@@ -144,13 +175,22 @@ async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "
 
 
 def tracekit_client(url: str, n_requests: int, concurrency: int, tmp: Path) -> int:
-    from capture.http import CaptureConfig, run_capture
+    from capture.capture_run import CaptureConfig, run_capture
 
     prompts = tmp / f"p{concurrency}.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": [1, 2, 3]}) + "\n" for i in range(n_requests)))
     out = tmp / f"t{concurrency}.h5"
-    s = run_capture(CaptureConfig(url=url, prompts=str(prompts), out=str(out), concurrency=concurrency,
-                                  top_logprobs=TOPK, dialect="vllm", progress=False))
+    s = run_capture(
+        CaptureConfig(
+            url=url,
+            prompts=str(prompts),
+            out=str(out),
+            concurrency=concurrency,
+            top_logprobs=TOPK,
+            dialect="vllm",
+            progress=False,
+        )
+    )
     assert s.failed == 0, s
     out.unlink()
     return s.tokens
@@ -187,18 +227,32 @@ def run(quick: bool) -> dict:
         rows = []
         for regime, base in (("per-event", url), ("coalesced", url + "/coalesced")):
             for c, n in plan.items():
-                for name, fn in (("bare", lambda: asyncio.run(bare_client(base, n, c))),
-                                 ("bare-lines", lambda: asyncio.run(bare_client(base, n, c, "lines"))),
-                                 ("bare+json", lambda: asyncio.run(bare_client(base, n, c, "json"))),
-                                 *([("bare+orjson", lambda: asyncio.run(bare_client(base, n, c, "json", orjson.loads)))]
-                                   if orjson else []),
-                                 ("tracekit", lambda: tracekit_client(base, n, c, tmp))):
+                for name, fn in (
+                    ("bare", lambda: asyncio.run(bare_client(base, n, c))),
+                    ("bare-lines", lambda: asyncio.run(bare_client(base, n, c, "lines"))),
+                    ("bare+json", lambda: asyncio.run(bare_client(base, n, c, "json"))),
+                    *(
+                        [("bare+orjson", lambda: asyncio.run(bare_client(base, n, c, "json", orjson.loads)))]
+                        if orjson
+                        else []
+                    ),
+                    ("tracekit", lambda: tracekit_client(base, n, c, tmp)),
+                ):
                     cpu, wall, tokens = measure(fn)
                     assert tokens == n * n_tokens, (name, tokens)
-                    rows.append({"regime": regime, "client": name, "concurrency": c, "requests": n,
-                                 "tokens": tokens, "cpu_s": round(cpu, 4), "wall_s": round(wall, 4),
-                                 "cpu_s_per_1k_tokens": round(1000 * cpu / tokens, 5),
-                                 "tokens_per_s": round(tokens / wall, 1)})
+                    rows.append(
+                        {
+                            "regime": regime,
+                            "client": name,
+                            "concurrency": c,
+                            "requests": n,
+                            "tokens": tokens,
+                            "cpu_s": round(cpu, 4),
+                            "wall_s": round(wall, 4),
+                            "cpu_s_per_1k_tokens": round(1000 * cpu / tokens, 5),
+                            "tokens_per_s": round(tokens / wall, 1),
+                        }
+                    )
     finally:
         srv.terminate()
         srv.wait(10)
@@ -209,14 +263,22 @@ def run(quick: bool) -> dict:
             ratios[f"{tag}cpu_per_token_vs_bare_c{c}"] = round(by[regime, "tracekit", c] / by[regime, "bare", c], 3)
         for c in plan:
             ratios[f"{tag}cpu_per_token_vs_bare_lines_c{c}"] = round(
-                by[regime, "tracekit", c] / by[regime, "bare-lines", c], 3)
+                by[regime, "tracekit", c] / by[regime, "bare-lines", c], 3
+            )
         for c in plan:  # the floor: json.loads alone on top of the leanest reader
             ratios[f"{tag}json_floor_vs_bare_c{c}"] = round(by[regime, "bare+json", c] / by[regime, "bare", c], 3)
         for c in plan if orjson else ():
             ratios[f"{tag}orjson_floor_vs_bare_c{c}"] = round(by[regime, "bare+orjson", c] / by[regime, "bare", c], 3)
-    return {"bench": "capture", "quick": quick, "tokens_per_request": n_tokens, "topk": TOPK,
-            "json_parser": "orjson" if orjson else "json", **ratios,
-            "target_cpu_per_token_vs_bare_c64": 1.5, "rows": rows}
+    return {
+        "bench": "capture",
+        "quick": quick,
+        "tokens_per_request": n_tokens,
+        "topk": TOPK,
+        "json_parser": "orjson" if orjson else "json",
+        **ratios,
+        "target_cpu_per_token_vs_bare_c64": 1.5,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -235,9 +297,23 @@ def main() -> None:
         return
     from tabulate import tabulate
 
-    print(tabulate([[r["regime"], r["client"], r["concurrency"], r["requests"], r["tokens"],
-                     r["cpu_s_per_1k_tokens"], r["tokens_per_s"]] for r in res["rows"]],
-                   headers=["regime", "client", "conc", "requests", "tokens", "CPU s / 1k tok", "tok/s"]))
+    print(
+        tabulate(
+            [
+                [
+                    r["regime"],
+                    r["client"],
+                    r["concurrency"],
+                    r["requests"],
+                    r["tokens"],
+                    r["cpu_s_per_1k_tokens"],
+                    r["tokens_per_s"],
+                ]
+                for r in res["rows"]
+            ],
+            headers=["regime", "client", "conc", "requests", "tokens", "CPU s / 1k tok", "tok/s"],
+        )
+    )
     for k, v in res.items():
         if "_vs_bare" in k:
             print(f"{k}: {v}" + ("  (target <= 1.5)" if k == "cpu_per_token_vs_bare_c64" else ""))

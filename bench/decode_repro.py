@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.diagnostic_bench import build_model  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.runner import run_histories  # noqa: E402
+from capture.teacher.trie import run_histories  # noqa: E402
 
 
 def chains(lm, batch: int, prompt: int, gen: int, backends) -> dict:
@@ -42,10 +42,13 @@ def chains(lm, batch: int, prompt: int, gen: int, backends) -> dict:
     def diff(a, b):
         return (a.float() - b.float()).abs().max().item()
 
-    return {"eager_repeat_bitwise": all(torch.equal(e[0], y) for y in e[1:]),
-            "graphs_repeat_bitwise": bool(torch.equal(g[0], g[1])),
-            "graphs_vs_eager_bitwise": bool(torch.equal(g[0], e[0])),
-            "eager_vs_eager_max": max(diff(e[0], y) for y in e[1:]), "graphs_vs_eager_max": diff(g[0], e[0])}
+    return {
+        "eager_repeat_bitwise": all(torch.equal(e[0], y) for y in e[1:]),
+        "graphs_repeat_bitwise": bool(torch.equal(g[0], g[1])),
+        "graphs_vs_eager_bitwise": bool(torch.equal(g[0], e[0])),
+        "eager_vs_eager_max": max(diff(e[0], y) for y in e[1:]),
+        "graphs_vs_eager_max": diff(g[0], e[0]),
+    }
 
 
 def main(argv=None) -> int:
@@ -63,11 +66,19 @@ def main(argv=None) -> int:
         return 2
     from torch.nn.attention import SDPBackend as B
 
-    res = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "device": torch.cuda.get_device_name(),
-           "config": a.config, "batch": a.batch, "prompt": a.prompt, "gen": a.gen}
-    for attn, runs in (("sdpa", {"default": None, "flash": [B.FLASH_ATTENTION], "math": [B.MATH],
-                                 "cudnn": [B.CUDNN_ATTENTION]}),
-                       ("sdpa_lower_right", {"default": None})):
+    res = {
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "device": torch.cuda.get_device_name(),
+        "config": a.config,
+        "batch": a.batch,
+        "prompt": a.prompt,
+        "gen": a.gen,
+    }
+    for attn, runs in (
+        ("sdpa", {"default": None, "flash": [B.FLASH_ATTENTION], "math": [B.MATH], "cudnn": [B.CUDNN_ATTENTION]}),
+        ("sdpa_lower_right", {"default": None}),
+    ):
         lm = build_model(a.config, "bf16", "cuda", attn)
         for name, backends in runs.items():
             try:

@@ -35,19 +35,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from capture.teacher.diagnostic import DiagnosticConfig  # noqa: E402
 from capture.teacher.graphs import STATS as GRAPH_STATS  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.runner import ATTNS, TORCH_DTYPES, resolve_attn, run_histories, wrap_model  # noqa: E402
+from capture.teacher.model import ATTNS, TORCH_DTYPES, resolve_attn, wrap_model  # noqa: E402
 from capture.teacher.scoring import score  # noqa: E402
+from capture.teacher.trie import run_histories  # noqa: E402
 
 PEAK_BF16_FLOPS = 768e12
 
 # Real Qwen3 config values (Qwen/Qwen3-0.6B and Qwen/Qwen3-4B config.json); weights are random.
 CONFIGS = {
-    "tiny": dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "tiny": dict(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-0.6b": dict(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-4b": dict(
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
 }
 COMMON = dict(max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, eos_token_id=0)
 
@@ -59,9 +84,12 @@ def build_model(name: str, dtype: str, device: str, attn: str, cuda_graphs: bool
     cfg = Qwen3Config(**CONFIGS[name], **COMMON)
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device: a 4B model in seconds, not minutes
-        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, TORCH_DTYPES[dtype]),
-                                                 attn_implementation=resolve_attn(attn, device))
-    return wrap_model(model.to(device).eval(), dtype, device, cuda_graphs)  # .to: a no-op unless the context was ignored
+        model = AutoModelForCausalLM.from_config(
+            cfg, dtype=getattr(torch, TORCH_DTYPES[dtype]), attn_implementation=resolve_attn(attn, device)
+        )
+    return wrap_model(
+        model.to(device).eval(), dtype, device, cuda_graphs
+    )  # .to: a no-op unless the context was ignored
 
 
 def diagnostic_batch(seq_len: int) -> int:
@@ -71,7 +99,7 @@ def diagnostic_batch(seq_len: int) -> int:
 
 def flops(cfg, n_seq: int, n_inputs: int, n_scored: int, layer_params: int) -> float:
     """Model FLOPs of one pass over [n_seq, n_inputs] with n_scored logits per sequence."""
-    attn = 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * n_inputs ** 2
+    attn = 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * n_inputs**2
     return n_seq * (2 * layer_params * n_inputs + 2 * cfg.hidden_size * cfg.vocab_size * n_scored + attn)
 
 
@@ -111,6 +139,7 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
             logits = run_histories(lm, x, p - 1, hs)
             for h in hs:
                 score(logits[h.label], targets, 20)
+
         return run
 
     variants = {"plain": plain, "diagnostic": diagnostic(hists)}
@@ -128,18 +157,27 @@ def bench_cell(lm, seq_len: int, batch: int, n_gen: int, hist_text: str, repeats
     # min, not median: on a shared machine the fastest run is the least disturbed one
     t = {k: min(v) for k, v in times.items()}
     tokens = batch * inputs
-    cell = {"seq_len": seq_len, "batch": batch, "scored_per_seq": n_gen, "histories": [h.label for h in hists],
-            "time_s": {k: round(v, 5) for k, v in t.items()},
-            "time_s_all": {k: [round(x, 5) for x in v] for k, v in times.items()},
-            "tokens_per_s": {k: round(tokens / t[k], 1) for k in t if k != "diagnostic"},
-            "vs_independent_forwards": round(t["diagnostic"] / (len(hists) * t["plain"]), 4),
-            "vs_histories_alone": round(t["diagnostic"] / sum(t[h.label] for h in hists), 4),
-            "history_vs_plain_tokens_per_s": {k: round(t["plain"] / t[k], 4) for k in t
-                                              if k not in ("plain", "diagnostic")}}
+    cell = {
+        "seq_len": seq_len,
+        "batch": batch,
+        "scored_per_seq": n_gen,
+        "histories": [h.label for h in hists],
+        "time_s": {k: round(v, 5) for k, v in t.items()},
+        "time_s_all": {k: [round(x, 5) for x in v] for k, v in times.items()},
+        "tokens_per_s": {k: round(tokens / t[k], 1) for k in t if k != "diagnostic"},
+        "vs_independent_forwards": round(t["diagnostic"] / (len(hists) * t["plain"]), 4),
+        "vs_histories_alone": round(t["diagnostic"] / sum(t[h.label] for h in hists), 4),
+        "history_vs_plain_tokens_per_s": {
+            k: round(t["plain"] / t[k], 4) for k in t if k not in ("plain", "diagnostic")
+        },
+    }
     if "decode:eager" in variants:  # the graphed chain must be the eager chain, bit for bit, and reproducible
         eager_lm = dataclasses.replace(lm, cuda_graphs=False)
         e1, e2, g1 = (run_histories(m, x, p - 1, decode)["decode"] for m in (eager_lm, eager_lm, lm))
-        cell["decode_bitwise"] = {"eager_vs_eager": bool(torch.equal(e1, e2)), "graphs_vs_eager": bool(torch.equal(g1, e1))}
+        cell["decode_bitwise"] = {
+            "eager_vs_eager": bool(torch.equal(e1, e2)),
+            "graphs_vs_eager": bool(torch.equal(g1, e1)),
+        }
         del e1, e2, g1
     if lm.device.startswith("cuda"):
         cfg = lm.model.config
@@ -190,9 +228,11 @@ def profile_history(lm, x, first_scored: int, hists) -> dict:
         _sync(lm.device)
     count = {}
     for e in prof.events():
-        for key, names in (("launches", ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")),
-                           ("syncs", ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")),
-                           ("memcpy", ("cudaMemcpyAsync", "cudaMemcpy"))):
+        for key, names in (
+            ("launches", ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")),
+            ("syncs", ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")),
+            ("memcpy", ("cudaMemcpyAsync", "cudaMemcpy")),
+        ):
             if e.name in names:
                 count[key] = count.get(key, 0) + 1
     forwards = len(hists[0].ends)
@@ -203,7 +243,6 @@ def numerics(lm, x, first_scored: int, hists) -> dict:
     """BF16 agreement of each history with `full`, under the loaded attention
     and under transformers' own masked `sdpa`: max |logit difference|, the
     fraction of scored positions whose argmax agrees, and the logit scale."""
-    import torch
 
     model = lm.model
     loaded = model.config._attn_implementation
@@ -221,38 +260,64 @@ def numerics(lm, x, first_scored: int, hists) -> dict:
     for attn, res in runs.items():
         for h in hists:
             y = res[h.label].float()
-            out[f"{attn}:{h.label}"] = {"max_abs_vs_full": round((y - ref).abs().max().item(), 5),
-                                        "argmax_agree": round((y.argmax(-1) == ref.argmax(-1)).float().mean().item(), 4)}
+            out[f"{attn}:{h.label}"] = {
+                "max_abs_vs_full": round((y - ref).abs().max().item(), 5),
+                "argmax_agree": round((y.argmax(-1) == ref.argmax(-1)).float().mean().item(), 4),
+            }
             if attn != loaded:
                 out[f"{attn}:{h.label}"]["max_abs_vs_" + loaded] = round(
-                    (y - runs[loaded][h.label].float()).abs().max().item(), 5)
+                    (y - runs[loaded][h.label].float()).abs().max().item(), 5
+                )
     return out
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 epilog="Example: PYTHONPATH=. python bench/diagnostic_bench.py --quick --json",
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Example: PYTHONPATH=. python bench/diagnostic_bench.py --quick --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--config", default=None, help=f"comma list of {', '.join(CONFIGS)} (default tiny)")
     ap.add_argument("--seq-len", default=None, help="comma list of sequence lengths (default 512; cuda 2048,8192)")
     ap.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 (default fp32 on cpu, bf16 on cuda)")
-    ap.add_argument("--attn", default="auto", choices=list(ATTNS),
-                    help="auto = sdpa_lower_right on cuda (flash for segments on a cache), sdpa on cpu")
-    ap.add_argument("--batch", type=int, default=None,
-                    help="sequences per batch (default 8 on cpu; on cuda as the diagnostic batches them: "
-                         f"{DiagnosticConfig.batch_tokens} input tokens a forward, 16 x 2048 or 4 x 8192)")
-    ap.add_argument("--no-cuda-graphs", action="store_true",
-                    help="run decode steps eagerly (default on cuda: graphs with eager attention, graphs.py)")
+    ap.add_argument(
+        "--attn",
+        default="auto",
+        choices=list(ATTNS),
+        help="auto = sdpa_lower_right on cuda (flash for segments on a cache), sdpa on cpu",
+    )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences per batch (default 8 on cpu; on cuda as the diagnostic batches them: "
+        f"{DiagnosticConfig.batch_tokens} input tokens a forward, 16 x 2048 or 4 x 8192)",
+    )
+    ap.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="run decode steps eagerly (default on cuda: graphs with eager attention, graphs.py)",
+    )
     ap.add_argument("--gen", type=int, default=32, help="scored (generated) positions per sequence")
-    ap.add_argument("--histories", default="full,prefix:HALF,chunked:HALF,decode",
-                    help="history list; HALF = half the prompt length")
+    ap.add_argument(
+        "--histories",
+        default="full,prefix:HALF,chunked:HALF,decode",
+        help="history list; HALF = half the prompt length",
+    )
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per variant (the minimum is reported)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (1: on a shared machine, busy neighbours stall OpenMP barriers)")
-    ap.add_argument("--diagnose", action="store_true",
-                    help="also record per-history host time, a profile of decode (launches, syncs) and, on cuda, "
-                         "BF16 agreement with full under this attention and under transformers' sdpa")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1: on a shared machine, busy neighbours stall OpenMP barriers)",
+    )
+    ap.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="also record per-history host time, a profile of decode (launches, syncs) and, on cuda, "
+        "BF16 agreement with full under this attention and under transformers' sdpa",
+    )
     ap.add_argument("--quick", action="store_true", help="small and fast (< 1 minute on CPU)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--out-json", default=None, help="also write the JSON object to this path")
@@ -278,10 +343,16 @@ def main(argv=None) -> int:
     if bad:
         print(f"error: unknown --config {', '.join(bad)}; choose from {', '.join(CONFIGS)}", file=sys.stderr)
         return 2
-    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": dtype,
-              "attn": resolve_attn(a.attn, a.device),
-              "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-              "threads": a.threads, "repeats": repeats, "cells": []}
+    result = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "dtype": dtype,
+        "attn": resolve_attn(a.attn, a.device),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "threads": a.threads,
+        "repeats": repeats,
+        "cells": [],
+    }
     for name in configs:
         t0 = time.perf_counter()
         lm = build_model(name, dtype, a.device, a.attn, cuda_graphs=not a.no_cuda_graphs)
@@ -318,14 +389,35 @@ def table(result: dict) -> str:
     for c in result["cells"]:
         for k, tps in c["tokens_per_s"].items():
             mfu = c.get("mfu_bf16", {}).get(k)
-            rows.append([c["config"], c["seq_len"], c["batch"], k, f"{c['time_s'][k] * 1e3:.1f}", f"{tps:,.0f}",
-                         "" if k == "plain" else f"{c['history_vs_plain_tokens_per_s'][k]:.3f}",
-                         "" if mfu is None else f"{mfu:.1%}"])
-        rows.append([c["config"], c["seq_len"], c["batch"], "diagnostic (all)", f"{c['time_s']['diagnostic'] * 1e3:.1f}",
-                     "", f"vs {len(c['histories'])} plain: {c['vs_independent_forwards']:.3f}", ""])
+            rows.append(
+                [
+                    c["config"],
+                    c["seq_len"],
+                    c["batch"],
+                    k,
+                    f"{c['time_s'][k] * 1e3:.1f}",
+                    f"{tps:,.0f}",
+                    "" if k == "plain" else f"{c['history_vs_plain_tokens_per_s'][k]:.3f}",
+                    "" if mfu is None else f"{mfu:.1%}",
+                ]
+            )
+        rows.append(
+            [
+                c["config"],
+                c["seq_len"],
+                c["batch"],
+                "diagnostic (all)",
+                f"{c['time_s']['diagnostic'] * 1e3:.1f}",
+                "",
+                f"vs {len(c['histories'])} plain: {c['vs_independent_forwards']:.3f}",
+                "",
+            ]
+        )
     head = ["config", "seq", "batch", "variant", "ms", "tokens/s", "speed vs plain", "MFU"]
-    return (tabulate(rows, head) + f"\n\n{result['device']}, {result['dtype']}, {result['attn']}: "
-            f"vs_independent_forwards (worst) = {result['vs_independent_forwards']:.3f}")
+    return (
+        tabulate(rows, head) + f"\n\n{result['device']}, {result['dtype']}, {result['attn']}: "
+        f"vs_independent_forwards (worst) = {result['vs_independent_forwards']:.3f}"
+    )
 
 
 if __name__ == "__main__":

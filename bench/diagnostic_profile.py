@@ -23,10 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.diagnostic_bench import build_model  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.runner import run_histories  # noqa: E402
+from capture.teacher.trie import run_histories  # noqa: E402
 
-KINDS = (("attn", ("sdpa", "flash", "fmha", "attention")), ("gemm", ("gemm", "cutlass", "nvjet", "cublas", "xmma")),
-         ("copy_cat", ("cat", "copy", "memcpy")))
+KINDS = (
+    ("attn", ("sdpa", "flash", "fmha", "attention")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "cublas", "xmma")),
+    ("copy_cat", ("cat", "copy", "memcpy")),
+)
 
 
 def kind(name: str) -> str:
@@ -46,11 +49,13 @@ def profile_cell(lm, batch: int, seq_len: int, gen: int = 32) -> dict:
     def hist(text):
         return lambda: run_histories(lm, x, p - 1, [parse_histories(text)[0].resolve(p, gen)])
 
-    variants = {"plain": lambda: lm.model(input_ids=x, logits_to_keep=gen),
-                "prefix": hist(f"prefix:{half}"),
-                "seg1_only": lambda: lm.model(input_ids=x[:, :half], logits_to_keep=1),
-                "chunked": hist(f"chunked:{half}"),
-                "decode": hist("decode")}
+    variants = {
+        "plain": lambda: lm.model(input_ids=x, logits_to_keep=gen),
+        "prefix": hist(f"prefix:{half}"),
+        "seg1_only": lambda: lm.model(input_ids=x[:, :half], logits_to_keep=1),
+        "chunked": hist(f"chunked:{half}"),
+        "decode": hist("decode"),
+    }
     cell = {}
     with torch.inference_mode():
         for k, fn in variants.items():
@@ -74,9 +79,12 @@ def profile_cell(lm, batch: int, seq_len: int, gen: int = 32) -> dict:
             fn()
             host = time.perf_counter() - t0  # until the call returned (it may wait on a full launch queue)
             torch.cuda.synchronize()
-            cell[k] = {"host_ms": round(host * 1e3, 1), "wall_ms": round(wall * 1e3, 1),
-                       "device_ms": {c: round(v / 1e3, 1) for c, v in by.items()},
-                       "top": sorted(((round(v / 1e3, 1), n) for n, v in top.items()), reverse=True)[:6]}
+            cell[k] = {
+                "host_ms": round(host * 1e3, 1),
+                "wall_ms": round(wall * 1e3, 1),
+                "device_ms": {c: round(v / 1e3, 1) for c, v in by.items()},
+                "top": sorted(((round(v / 1e3, 1), n) for n, v in top.items()), reverse=True)[:6],
+            }
     return cell
 
 

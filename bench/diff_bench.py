@@ -52,7 +52,7 @@ def synth(n_pos: int, seed: int = 0):
     lp = -np.sort(rng.uniform(0.05, 12.0, (n, K)), axis=1).astype(np.float32)
     logit = (lp + 10.0).astype(np.float32)
     cls = rng.choice(["identical"] + list(PLANT), size=len(lens), p=[1 - sum(PLANT.values())] + list(PLANT.values()))
-    cls[:len(PLANT)] = list(PLANT)   # every class at least once, whatever N
+    cls[: len(PLANT)] = list(PLANT)  # every class at least once, whatever N
     return dict(tok=tok, ids=ids, lp=lp, logit=logit), lens, cls
 
 
@@ -62,7 +62,7 @@ def plant(cols, lens, cls, rng):
     starts = np.cumsum(lens) - lens
     cached_a, cached_b = np.zeros(len(lens), int), np.zeros(len(lens), int)
     status_b = np.full(len(lens), "ok", dtype=object)
-    for i, c in enumerate(cls):   # per request bookkeeping only; edits touch one or two rows
+    for i, c in enumerate(cls):  # per request bookkeeping only; edits touch one or two rows
         s, L = int(starts[i]), int(lens[i])
         t = s + int(rng.integers(L // 4, L // 2))
         other = int(a["tok"][t]) + 1
@@ -70,7 +70,7 @@ def plant(cols, lens, cls, rng):
             a["tok"][t - 3] = b["tok"][t - 3] = a["ids"][t - 3, 0] = b["ids"][t - 3, 0] = EOS
             b["tok"][t] = b["ids"][t, 0] = other
         elif c in ("bf16_tie_flip", "cache_boundary"):
-            gap = 0.03 if c == "bf16_tie_flip" else 0.3   # 0.03 nats < 1 ulp; 0.3 nats ~ 4.8 ulp at |10|
+            gap = 0.03 if c == "bf16_tie_flip" else 0.3  # 0.03 nats < 1 ulp; 0.3 nats ~ 4.8 ulp at |10|
             for side, first, second in ((a, a["tok"][t], other), (b, other, a["tok"][t])):
                 side["ids"][t, :2] = first, second
                 side["lp"][t, :2] = -0.5, -0.5 - gap
@@ -79,7 +79,7 @@ def plant(cols, lens, cls, rng):
             if c == "cache_boundary":
                 cached_b[i] = 64
         elif c == "unexplained":
-            b["tok"][t] = b["ids"][t, 0] = 29999 + 40000   # not in A's top-k
+            b["tok"][t] = b["ids"][t, 0] = 29999 + 40000  # not in A's top-k
         elif c == "incomparable":
             status_b[i] = "error"
     b["lp"] += rng.normal(0, 1e-4, b["lp"].shape).astype(np.float32) * (b["lp"] < -0.6)  # small drift
@@ -93,15 +93,18 @@ def write(path, cols, lens, cached, status):
     with TraceWriter(path, meta) as w:
         for i, (s, L) in enumerate(zip(starts.tolist(), lens.tolist())):
             e = s + L
-            tc = TokenColumns(cols["tok"][s:e], cols["lp"][s:e, 0],
-                              np.zeros(L), cols["ids"][s:e], cols["lp"][s:e], cols["logit"][s:e])
-            rec = RequestRecord(key=f"r{i:06d}", prompt_hash="p", status=status[i], cached_tokens=int(cached[i]),
-                                finish_reason="length")
+            tc = TokenColumns(
+                cols["tok"][s:e], cols["lp"][s:e, 0], np.zeros(L), cols["ids"][s:e], cols["lp"][s:e], cols["logit"][s:e]
+            )
+            rec = RequestRecord(
+                key=f"r{i:06d}", prompt_hash="p", status=status[i], cached_tokens=int(cached[i]), finish_reason="length"
+            )
             w.append(rec, tc, prompt, flush=False)
         w.flush()
 
 
 # -- the per-position way (check_logprobs_close) -------------------------------
+
 
 def per_position(path_a: str, path_b: str) -> tuple[float, float, dict[str, int]]:
     """Read, build per-position top-k dicts per request, run the rule; (total_s, rule_s, verdicts)."""
@@ -181,24 +184,43 @@ def main(argv=None) -> int:
         pp_s, rule_s, verdicts = best(lambda: per_position(pa, pb), max(1, repeats - 2))
     planted = {c: int(np.sum(cls == c)) for c in ["identical"] + list(PLANT)}
     found = {c: result.counts()[c] for c in planted}
-    out = {"positions": int(lens.sum()), "requests": len(lens), "topk": K, "raw_logits": True,
-           "tracekit_diff_s": ours, "per_position_s": pp_s, "per_position_rule_s": rule_s,
-           "read_floor_s": floor, "read_floor_1d_s": floor_1d, "write_s": write_s,
-           "speedup_vs_per_position": pp_s / ours, "vs_read_floor": ours / floor, "vs_read_floor_1d": ours / floor_1d,
-           "planted": planted, "found": found, "classes_match": planted == found,
-           "per_position_verdicts": verdicts, "targets": {"speedup_vs_per_position": ">= 20", "vs_read_floor": "<= 2"}}
+    out = {
+        "positions": int(lens.sum()),
+        "requests": len(lens),
+        "topk": K,
+        "raw_logits": True,
+        "tracekit_diff_s": ours,
+        "per_position_s": pp_s,
+        "per_position_rule_s": rule_s,
+        "read_floor_s": floor,
+        "read_floor_1d_s": floor_1d,
+        "write_s": write_s,
+        "speedup_vs_per_position": pp_s / ours,
+        "vs_read_floor": ours / floor,
+        "vs_read_floor_1d": ours / floor_1d,
+        "planted": planted,
+        "found": found,
+        "classes_match": planted == found,
+        "per_position_verdicts": verdicts,
+        "targets": {"speedup_vs_per_position": ">= 20", "vs_read_floor": "<= 2"},
+    }
     if args.json:
         print(json.dumps(out, indent=1))
     else:
         from tabulate import tabulate
-        rows = [["tracekit diff (read + align + classify)", f"{ours:.3f}", "1.00"],
-                ["per-position (check_logprobs_close way)", f"{pp_s:.3f}", f"{pp_s / ours:.1f}x slower"],
-                ["... of which its rule", f"{rule_s:.3f}", ""],
-                ["read floor (5 compared columns)", f"{floor:.3f}", f"diff = {ours / floor:.2f}x floor"],
-                ["read floor 1-D (token_id, logprob)", f"{floor_1d:.3f}", f"diff = {ours / floor_1d:.2f}x floor"]]
+
+        rows = [
+            ["tracekit diff (read + align + classify)", f"{ours:.3f}", "1.00"],
+            ["per-position (check_logprobs_close way)", f"{pp_s:.3f}", f"{pp_s / ours:.1f}x slower"],
+            ["... of which its rule", f"{rule_s:.3f}", ""],
+            ["read floor (5 compared columns)", f"{floor:.3f}", f"diff = {ours / floor:.2f}x floor"],
+            ["read floor 1-D (token_id, logprob)", f"{floor_1d:.3f}", f"diff = {ours / floor_1d:.2f}x floor"],
+        ]
         print(f"{out['positions']:,} positions, {out['requests']} requests, top-{K} + raw logits")
         print(tabulate(rows, headers=["method", "seconds", "ratio"], tablefmt="simple", disable_numparse=True))
-        print(f"classes planted {planted}\nclasses found   {found}  ({'match' if out['classes_match'] else 'MISMATCH'})")
+        print(
+            f"classes planted {planted}\nclasses found   {found}  ({'match' if out['classes_match'] else 'MISMATCH'})"
+        )
     return 0 if out["classes_match"] else 1
 
 

@@ -30,8 +30,9 @@ PROMPTS = Path(__file__).resolve().parents[1] / "fixtures" / "prompts" / "tiny.j
 
 def bodies(n: int, max_tokens: int) -> list[dict]:
     ps = [json.loads(x)["prompt"] for x in PROMPTS.read_text().splitlines() if x.strip()]
-    return [{"prompt": ps[i % len(ps)], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-            for i in range(n)]
+    return [
+        {"prompt": ps[i % len(ps)], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(n)
+    ]
 
 
 async def metrics(s: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -60,9 +61,16 @@ async def level(url: str, reqs: list[dict], concurrency: int) -> dict:
     steps = m1["tracekit:decode_steps_total"] - m0["tracekit:decode_steps_total"]
     rows = m1["tracekit:decode_rows_total"] - m0["tracekit:decode_rows_total"]
     busy = m1["tracekit:engine_busy_seconds_total"] - m0["tracekit:engine_busy_seconds_total"]
-    return {"concurrency": concurrency, "requests": len(reqs), "tokens": toks, "wall_s": round(wall, 3),
-            "tokens_per_s": round(toks / wall, 1), "mean_decode_batch": round(rows / max(steps, 1), 2),
-            "engine_busy_frac": round(busy / wall, 3), "ms_per_step": round(1e3 * busy / max(steps, 1), 2)}
+    return {
+        "concurrency": concurrency,
+        "requests": len(reqs),
+        "tokens": toks,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(toks / wall, 1),
+        "mean_decode_batch": round(rows / max(steps, 1), 2),
+        "engine_busy_frac": round(busy / wall, 3),
+        "ms_per_step": round(1e3 * busy / max(steps, 1), 2),
+    }
 
 
 async def run(url: str, levels: list[int], n: int, max_tokens: int, repeats: int) -> list[dict]:
@@ -83,24 +91,25 @@ def engine_only(levels: list[int], n: int, max_tokens: int, dtype: str, threads:
     """The same workload through the owner loop in-process, no HTTP: what batching alone buys."""
     import torch
 
-    from tracekit.engine.runner import ModelRunner, default_model_dir
-    from tracekit.engine.scheduler import Engine, GenRequest
+    from tracekit.engine.engine import Engine, GenRequest
+    from tracekit.engine.executor import ModelExecutor, default_model_dir
 
     torch.set_num_threads(threads)
     if not sys.stderr.isatty():
         from transformers.utils import logging as hf_logging
+
         hf_logging.disable_progress_bar()
-    eng = Engine(ModelRunner(default_model_dir(), dtype, slots=8), None)
+    eng = Engine(ModelExecutor(default_model_dir(), dtype, slots=8), None)
     tok = eng.runner.tokenizer
     prompts = [tok.encode(b["prompt"], add_special_tokens=False) for b in bodies(n, max_tokens)]
     out = []
     for c in levels:
         t0, done = time.perf_counter(), 0
         for i in range(0, n, c):  # waves of c requests, as the HTTP client's semaphore allows
-            for p in prompts[i:i + c]:
+            for p in prompts[i : i + c]:
                 eng.submit(GenRequest(prompt_ids=p, max_tokens=max_tokens, ignore_eos=True, emit=lambda ev: None))
             eng.run_until_idle()
-            done += len(prompts[i:i + c]) * max_tokens
+            done += len(prompts[i : i + c]) * max_tokens
         wall = time.perf_counter() - t0
         out.append({"concurrency": c, "tokens_per_s": round(done / wall, 1)})
     return out
@@ -124,20 +133,32 @@ def main() -> None:
         with start_engine(engine_args) as eng:
             rows = asyncio.run(run(eng.url, levels, n, max_tokens, a.repeats))
     by_c = {r["concurrency"]: r for r in rows}
-    eo = {} if a.url else {r["concurrency"]: r["tokens_per_s"]
-                           for r in engine_only([1, 8], n, max_tokens, a.dtype, a.threads)}
-    out = {"speedup_c8": round(by_c[8]["tokens_per_s"] / by_c[1]["tokens_per_s"], 2),
-           "tokens_per_s_serial": by_c[1]["tokens_per_s"], "tokens_per_s_c8": by_c[8]["tokens_per_s"],
-           "engine_only_speedup_c8": round(eo[8] / eo[1], 2) if eo else None, "engine_only_tokens_per_s": eo,
-           "levels": rows, "requests": n, "max_tokens": max_tokens, "dtype": a.dtype,
-           "engine_args": engine_args, "quick": a.quick, "repeats": a.repeats}
+    eo = (
+        {}
+        if a.url
+        else {r["concurrency"]: r["tokens_per_s"] for r in engine_only([1, 8], n, max_tokens, a.dtype, a.threads)}
+    )
+    out = {
+        "speedup_c8": round(by_c[8]["tokens_per_s"] / by_c[1]["tokens_per_s"], 2),
+        "tokens_per_s_serial": by_c[1]["tokens_per_s"],
+        "tokens_per_s_c8": by_c[8]["tokens_per_s"],
+        "engine_only_speedup_c8": round(eo[8] / eo[1], 2) if eo else None,
+        "engine_only_tokens_per_s": eo,
+        "levels": rows,
+        "requests": n,
+        "max_tokens": max_tokens,
+        "dtype": a.dtype,
+        "engine_args": engine_args,
+        "quick": a.quick,
+        "repeats": a.repeats,
+    }
     if a.json:
         print(json.dumps(out))
         return
     from tabulate import tabulate
+
     print(tabulate(rows, headers="keys"))
-    print(f"speedup_c8 = {out['speedup_c8']} (target >= 3); in-process without HTTP: "
-          f"{out['engine_only_speedup_c8']}")
+    print(f"speedup_c8 = {out['speedup_c8']} (target >= 3); in-process without HTTP: {out['engine_only_speedup_c8']}")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,13 @@ def make_columns(n: int, k: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     topk_id = rng.integers(0, 150_000, size=(n, k), dtype=np.int32)
     topk_lp = -np.sort(rng.exponential(2.0, size=(n, k)).astype(np.float32), axis=1)
-    return {"token_id": topk_id[:, 0].copy(), "logprob": topk_lp[:, 0].copy(),
-            "t_arrival_s": np.cumsum(rng.random(n)) * 0.01, "topk_id": topk_id, "topk_logprob": topk_lp}
+    return {
+        "token_id": topk_id[:, 0].copy(),
+        "logprob": topk_lp[:, 0].copy(),
+        "t_arrival_s": np.cumsum(rng.random(n)) * 0.01,
+        "topk_id": topk_id,
+        "topk_logprob": topk_lp,
+    }
 
 
 def write_trace(path: Path, cols: dict, k: int, tokens_per_request: int, group: int) -> float:
@@ -86,15 +91,26 @@ def run(n: int, k: int, repeats: int) -> dict:
             assert np.array_equal(got[c], cols[c]), f"column {c} did not round-trip"
         size = os.path.getsize(path)
     tr, nr = min(trace_reads), min(npy_reads)
-    return {"positions": n, "topk": k, "raw_bytes": raw_bytes, "file_bytes": size,
-            "bytes_vs_raw": size / raw_bytes, "write_s": write_s, "npy_write_s": npy_write_s,
-            "read_s": tr, "npy_read_s": nr, "read_vs_npy": tr / nr,
-            "read_positions_per_s": n / tr, "write_positions_per_s": n / write_s}
+    return {
+        "positions": n,
+        "topk": k,
+        "raw_bytes": raw_bytes,
+        "file_bytes": size,
+        "bytes_vs_raw": size / raw_bytes,
+        "write_s": write_s,
+        "npy_write_s": npy_write_s,
+        "read_s": tr,
+        "npy_read_s": nr,
+        "read_vs_npy": tr / nr,
+        "read_positions_per_s": n / tr,
+        "write_positions_per_s": n / write_s,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 epilog="Example: python bench/store_bench.py --quick --json")
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog="Example: python bench/store_bench.py --quick --json"
+    )
     ap.add_argument("--positions", type=int, default=1_000_000)
     ap.add_argument("--topk", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
@@ -107,13 +123,19 @@ def main() -> None:
         print(json.dumps(res))
         return
     from tabulate import tabulate
-    rows = [["positions", f"{res['positions']:,}"], ["top-k", res["topk"]],
-            ["raw array bytes", f"{res['raw_bytes']:,}"], ["trace file bytes", f"{res['file_bytes']:,}"],
-            ["bytes_vs_raw (target <= 1.2)", f"{res['bytes_vs_raw']:.3f}"],
-            ["write (trace, 64 requests a flush)", f"{res['write_s']:.3f} s"],
-            ["write (.npy)", f"{res['npy_write_s']:.3f} s"],
-            ["read (trace)", f"{res['read_s']:.3f} s"], ["read (.npy, floor)", f"{res['npy_read_s']:.3f} s"],
-            ["read_vs_npy (target <= 2)", f"{res['read_vs_npy']:.2f}"]]
+
+    rows = [
+        ["positions", f"{res['positions']:,}"],
+        ["top-k", res["topk"]],
+        ["raw array bytes", f"{res['raw_bytes']:,}"],
+        ["trace file bytes", f"{res['file_bytes']:,}"],
+        ["bytes_vs_raw (target <= 1.2)", f"{res['bytes_vs_raw']:.3f}"],
+        ["write (trace, 64 requests a flush)", f"{res['write_s']:.3f} s"],
+        ["write (.npy)", f"{res['npy_write_s']:.3f} s"],
+        ["read (trace)", f"{res['read_s']:.3f} s"],
+        ["read (.npy, floor)", f"{res['npy_read_s']:.3f} s"],
+        ["read_vs_npy (target <= 2)", f"{res['read_vs_npy']:.2f}"],
+    ]
     print(tabulate(rows, tablefmt="github", headers=["store bench", ""]))
 
 

@@ -59,8 +59,9 @@ def make_session(concurrency: int, timeout_s: float, api_key: str | None = None)
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 30.0))
     # read_bufsize: SSE events with top-20 logprobs are several KB; a larger
     # buffer means fewer reads per event.
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers,
-                                 read_bufsize=1 << 18, auto_decompress=True)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=timeout, headers=headers, read_bufsize=1 << 18, auto_decompress=True
+    )
 
 
 def _loads_slow(data: bytes | str, n: int):
@@ -104,8 +105,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, dialect: Dialect, acc: Acc,
         raise StreamProtocolError(f"stream ended without {what} after {n} events")
 
 
-async def send(session: aiohttp.ClientSession, base_url: str, dialect: Dialect, spec: RequestSpec,
-               clock: Clock, started: dict | None = None) -> tuple[Outcome, Acc]:
+async def send(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    dialect: Dialect,
+    spec: RequestSpec,
+    clock: Clock,
+    started: dict | None = None,
+) -> tuple[Outcome, Acc]:
     """Send one request and return its outcome (never raises for engine or
     network faults; CancelledError propagates to the run loop)."""
     body = dialect.body(spec)
@@ -115,8 +122,9 @@ async def send(session: aiohttp.ClientSession, base_url: str, dialect: Dialect, 
     if started is not None:
         started[spec.key] = t_sent
     try:
-        async with session.post(base_url + dialect.route(spec.stream), data=json.dumps(body),
-                                headers={"Content-Type": "application/json"}) as resp:
+        async with session.post(
+            base_url + dialect.route(spec.stream), data=json.dumps(body), headers={"Content-Type": "application/json"}
+        ) as resp:
             http_status = resp.status
             if resp.status != 200:
                 text = await resp.text(errors="replace")
@@ -143,8 +151,9 @@ async def send(session: aiohttp.ClientSession, base_url: str, dialect: Dialect, 
     except aiohttp.ClientError as e:
         status, error = "error", f"{type(e).__name__}: {str(e)[:ERROR_EXCERPT]}"
     t_done = clock()
-    return Outcome(_record(spec, body, acc, status, http_status, error, t_sent, t_done), None,
-                   _prompt_ids(spec, acc)), acc
+    return Outcome(
+        _record(spec, body, acc, status, http_status, error, t_sent, t_done), None, _prompt_ids(spec, acc)
+    ), acc
 
 
 def _prompt_ids(spec: RequestSpec, acc: Acc) -> list[int] | None:
@@ -153,17 +162,27 @@ def _prompt_ids(spec: RequestSpec, acc: Acc) -> list[int] | None:
     return acc.prompt_ids
 
 
-def _record(spec: RequestSpec, body: dict, acc: Acc, status: str, http_status: int, error: str,
-            t_sent: float, t_done: float) -> RequestRecord:
+def _record(
+    spec: RequestSpec, body: dict, acc: Acc, status: str, http_status: int, error: str, t_sent: float, t_done: float
+) -> RequestRecord:
     params = {k: v for k, v in body.items() if k not in ("prompt", "messages", "text", "input_ids", "inputs")}
     pids = _prompt_ids(spec, acc)
     return RequestRecord(
-        key=spec.key, prompt_hash=prompt_hash(spec.prompt), status=status, http_status=http_status,
-        error=error, finish_reason=acc.finish_reason, cached_tokens=acc.cached_tokens,
+        key=spec.key,
+        prompt_hash=prompt_hash(spec.prompt),
+        status=status,
+        http_status=http_status,
+        error=error,
+        finish_reason=acc.finish_reason,
+        cached_tokens=acc.cached_tokens,
         # The store slices stored prompt ids by prompt_len: it must be their count, or -1.
         prompt_len=len(pids) if pids is not None else -1,
-        t_sent_s=t_sent, t_first_token_s=acc.t[0] if acc.t else math.nan, t_done_s=t_done,
-        params=json.dumps(params, sort_keys=True), prompt_text=spec.prompt if isinstance(spec.prompt, str) else "")
+        t_sent_s=t_sent,
+        t_first_token_s=acc.t[0] if acc.t else math.nan,
+        t_done_s=t_done,
+        params=json.dumps(params, sort_keys=True),
+        prompt_text=spec.prompt if isinstance(spec.prompt, str) else "",
+    )
 
 
 def finish(outcome: Outcome, acc: Acc, k: int, raw_logits: bool, to_ids) -> Outcome:
@@ -172,7 +191,10 @@ def finish(outcome: Outcome, acc: Acc, k: int, raw_logits: bool, to_ids) -> Outc
         cols = acc.columns(k, raw_logits, to_ids)
     except (ValueError, TypeError, IndexError) as e:
         rec = outcome.record
-        bad = dataclasses.replace(rec, status="error" if rec.status == "ok" else rec.status,
-                                  error=rec.error or f"inconsistent token data: {e}")
+        bad = dataclasses.replace(
+            rec,
+            status="error" if rec.status == "ok" else rec.status,
+            error=rec.error or f"inconsistent token data: {e}",
+        )
         return Outcome(bad, None, outcome.prompt_ids)
     return Outcome(outcome.record, cols, outcome.prompt_ids)

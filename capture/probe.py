@@ -32,8 +32,8 @@ class ProbeResult:
     model: str = ""
     eos_token_ids: list[int] = field(default_factory=list)
     raw_logits: bool = False
-    extra_body: dict = field(default_factory=dict)   # merged into every request body
-    tokenizer: str = ""                             # a tokenizer dir the engine reported
+    extra_body: dict = field(default_factory=dict)  # merged into every request body
+    tokenizer: str = ""  # a tokenizer dir the engine reported
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, dict | None, dict]:
@@ -56,19 +56,27 @@ async def probe(session: aiohttp.ClientSession, base: str, dialect: str) -> Prob
     if status == -1:
         raise CaptureError(f"{base}: server unreachable ({models['error']}); is it running and is the URL right?")
     if status in (401, 403):
-        raise CaptureError(f"{base}/v1/models answered HTTP {status}: the server wants an API key; "
-                           "pass --api-key-env VAR with the key in that environment variable")
+        raise CaptureError(
+            f"{base}/v1/models answered HTTP {status}: the server wants an API key; "
+            "pass --api-key-env VAR with the key in that environment variable"
+        )
     engine: dict = {"headers": heads, "v1_models_status": status}
     engine["health_status"] = (await _get(session, base + "/health"))[0]
     first = {}
     if status == 200 and isinstance(models, dict) and models.get("data"):
         first = models["data"][0] if isinstance(models["data"][0], dict) else {}
-        engine["v1_models"] = {k: first.get(k) for k in ("id", "owned_by", "root", "max_model_len", "meta")
-                               if k in first}
+        engine["v1_models"] = {
+            k: first.get(k) for k in ("id", "owned_by", "root", "max_model_len", "meta") if k in first
+        }
     meta = first.get("meta") if isinstance(first.get("meta"), dict) else {}
-    res = ProbeResult(dialect, "given with --dialect", engine, str(first.get("id", "")),
-                      [int(t) for t in meta.get("eos_token_ids") or []],
-                      first.get("owned_by") == "tracekit")
+    res = ProbeResult(
+        dialect,
+        "given with --dialect",
+        engine,
+        str(first.get("id", "")),
+        [int(t) for t in meta.get("eos_token_ids") or []],
+        first.get("owned_by") == "tracekit",
+    )
     owned = str(first.get("owned_by", "")).lower()
     if owned == "tracekit":
         # The reference engine: raw top-k logits on request, and its model dir holds the tokenizer.
@@ -108,8 +116,9 @@ async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, s
         res.dialect, res.reason = "sglang", "/get_model_info answered (SGLang)"
         return res
     if status != 200:
-        raise CaptureError(f"{base}: /v1/models answered HTTP {status} and no other probe matched; "
-                           "pass --dialect explicitly")
+        raise CaptureError(
+            f"{base}: /v1/models answered HTTP {status} and no other probe matched; pass --dialect explicitly"
+        )
     res.dialect = "openai"
     res.reason = f"/v1/models answered (owned_by={owned!r}); no engine-specific route matched: plain OpenAI"
     return res

@@ -16,15 +16,21 @@ from pathlib import Path
 
 from tracekit.errors import ConfigError
 
-OPTIONAL = {"max_tokens": int, "ignore_eos": bool, "top_logprobs": int, "temperature": (int, float),
-            "extra": dict, "meta": dict}
+OPTIONAL = {
+    "max_tokens": int,
+    "ignore_eos": bool,
+    "top_logprobs": int,
+    "temperature": (int, float),
+    "extra": dict,
+    "meta": dict,
+}
 
 
 @dataclass(frozen=True)
 class Prompt:
     id: str
     prompt: str | list[int]
-    overrides: dict = field(default_factory=dict)   # max_tokens / ignore_eos / top_logprobs / temperature
+    overrides: dict = field(default_factory=dict)  # max_tokens / ignore_eos / top_logprobs / temperature
     extra: dict = field(default_factory=dict)
 
 
@@ -43,8 +49,10 @@ def _parse_line(obj: object, where: str) -> Prompt:
         raise ConfigError(f"{where}: 'prompt' must be a non-empty string or a list of token ids")
     unknown = set(obj) - {"id", "prompt"} - set(OPTIONAL)
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: id, prompt, "
-                          f"{', '.join(OPTIONAL)} (engine-specific body fields go under 'extra')")
+        raise ConfigError(
+            f"{where}: unknown field(s) {sorted(unknown)}; allowed: id, prompt, "
+            f"{', '.join(OPTIONAL)} (engine-specific body fields go under 'extra')"
+        )
     for name, typ in OPTIONAL.items():
         if name in obj and (not isinstance(obj[name], typ) or (typ is int and isinstance(obj[name], bool))):
             raise ConfigError(f"{where}: '{name}' has the wrong type ({type(obj[name]).__name__})")

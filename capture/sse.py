@@ -43,14 +43,14 @@ class SSEDecoder:
 
     def __init__(self) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._buf = ""            # text after the last complete line
+        self._buf = ""  # text after the last complete line
         self._data: list[str] = []
         self._event = ""
         self._id = ""
         self._pending_cr = False  # chunk ended in "\r": a "\n" may follow in the next one
-        self._started = False     # the BOM may only be stripped at the very start
-        self._raw = b""           # fast path: bytes after the last b"\n\n" (never a whole event)
-        self._slow = False        # the spec path holds state (a partial line, field or UTF-8 char)
+        self._started = False  # the BOM may only be stripped at the very start
+        self._raw = b""  # fast path: bytes after the last b"\n\n" (never a whole event)
+        self._slow = False  # the spec path holds state (a partial line, field or UTF-8 char)
 
     def feed_data(self, chunk: bytes) -> list[bytes | SSEEvent]:
         """Raw `data` bytes of each completed default-type event (several lines joined
@@ -139,7 +139,7 @@ class SSEDecoder:
         name, sep, value = line.partition(":")
         if sep and value[:1] == " ":
             value = value[1:]
-        if name == "data":       # "data" with no colon: an empty data line
+        if name == "data":  # "data" with no colon: an empty data line
             self._data.append(value)
         elif name == "event":
             self._event = value

@@ -42,8 +42,10 @@ class TokenMapper:
             vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
             added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or []
         except (OSError, KeyError, ValueError) as e:
-            raise ConfigError(f"{path}: cannot read a tokenizer vocabulary ({e}); pass --tokenizer DIR "
-                              "with a Hugging Face tokenizer.json") from None
+            raise ConfigError(
+                f"{path}: cannot read a tokenizer vocabulary ({e}); pass --tokenizer DIR "
+                "with a Hugging Face tokenizer.json"
+            ) from None
         if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
             vocab = {p[0]: i for i, p in enumerate(vocab)}
         self.vocab: dict[str, int] = dict(vocab)

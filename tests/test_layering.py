@@ -36,22 +36,35 @@ RULES = [
 
 @pytest.mark.parametrize("pkg,forbidden", RULES)
 def test_package_boundaries(pkg, forbidden):
-    bad = [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in _files(pkg)
-           for mod, line in _imports(p) if mod in forbidden]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in _files(pkg)
+        for mod, line in _imports(p)
+        if mod in forbidden
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_core_does_not_import_capture_or_analyze():
-    bad = [f"{p.relative_to(ROOT)}:{line} imports {mod}" for p in _files("tracekit")
-           if "cli" not in p.relative_to(ROOT).parts
-           for mod, line in _imports(p) if mod in {"capture", "analyze"}]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in _files("tracekit")
+        if "cli" not in p.relative_to(ROOT).parts
+        for mod, line in _imports(p)
+        if mod in {"capture", "analyze"}
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_h5py_only_in_the_store():
-    bad = [f"{p.relative_to(ROOT)}:{line}" for pkg in ("tracekit", "capture", "analyze") for p in _files(pkg)
-           if "store" not in p.relative_to(ROOT).parts
-           for mod, line in _imports(p) if mod == "h5py"]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for pkg in ("tracekit", "capture", "analyze")
+        for p in _files(pkg)
+        if "store" not in p.relative_to(ROOT).parts
+        for mod, line in _imports(p)
+        if mod == "h5py"
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -61,15 +74,19 @@ MODEL_PACKAGES = ("tracekit/engine", "capture/teacher")  # modules that run a mo
 def test_torch_is_imported_lazily():
     """A module-level `import torch` outside the model-running packages would make
     `tracekit diff` or `tracekit capture --http` pay for torch."""
-    bad = [f"{p.relative_to(ROOT)}:{line}" for pkg in ("tracekit", "capture", "analyze") for p in _files(pkg)
-           if not str(p.relative_to(ROOT)).startswith(MODEL_PACKAGES)
-           for mod, line in _imports(p, top_level_only=True) if mod in {"torch", "transformers"}]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for pkg in ("tracekit", "capture", "analyze")
+        for p in _files(pkg)
+        if not str(p.relative_to(ROOT)).startswith(MODEL_PACKAGES)
+        for mod, line in _imports(p, top_level_only=True)
+        if mod in {"torch", "transformers"}
+    ]
     assert not bad, "\n".join(bad)
 
 
 def _loaded(modules: str, watch=("torch", "transformers", "aiohttp", "capture")) -> list:
-    code = (f"import sys, {modules}; "
-            f"print(sorted(m for m in {watch!r} if m in sys.modules))")
+    code = f"import sys, {modules}; print(sorted(m for m in {watch!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     return eval(out.stdout)
@@ -80,4 +97,4 @@ def test_diff_and_inspect_do_not_load_torch():
 
 
 def test_http_capture_does_not_load_torch():
-    assert _loaded("tracekit.cli.capture, capture.http", watch=("torch", "transformers")) == []
+    assert _loaded("tracekit.cli.capture, capture.capture_run", watch=("torch", "transformers")) == []

@@ -22,20 +22,29 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def git_commit(root: Path = REPO_ROOT) -> str | None:
     """The checkout's commit (with '-dirty' when it has changes), or None outside git."""
     try:
-        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
         if not sha:
             return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def host_info() -> dict:
-    return {"hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count()}
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -45,5 +54,11 @@ def command_line(argv: list[str] | None = None) -> str:
 
 def base_run(**fields) -> dict:
     """The common part of every trace's `run` JSON; callers add their own fields."""
-    return {"tool": f"tracekit {__version__}", "git_commit": git_commit(), "host": host_info(),
-            "command": command_line(), "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(), **fields}
+    return {
+        "tool": f"tracekit {__version__}",
+        "git_commit": git_commit(),
+        "host": host_info(),
+        "command": command_line(),
+        "started_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        **fields,
+    }

@@ -29,8 +29,7 @@ SECRET_KEY_PARTS = ("api_key", "apikey", "authorization", "auth_header", "token_
 def redact(obj: Any) -> Any:
     """Drop secret-looking keys from nested JSON-able data (values never copied)."""
     if isinstance(obj, Mapping):
-        return {k: redact(v) for k, v in obj.items()
-                if not any(p in str(k).lower() for p in SECRET_KEY_PARTS)}
+        return {k: redact(v) for k, v in obj.items() if not any(p in str(k).lower() for p in SECRET_KEY_PARTS)}
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
     return obj
@@ -95,16 +94,16 @@ class RequestRecord:
     http_status: int = -1
     error: str = ""
     finish_reason: str = ""
-    cached_tokens: int = -1          # reused-prefix boundary in tokens; -1 = not reported
-    prompt_len: int = -1             # -1 = unknown (text prompt, engine did not return ids)
+    cached_tokens: int = -1  # reused-prefix boundary in tokens; -1 = not reported
+    prompt_len: int = -1  # -1 = unknown (text prompt, engine did not return ids)
     t_sent_s: float = math.nan
     t_first_token_s: float = math.nan
     t_done_s: float = math.nan
-    history: str = ""                # teacher-forced only: full | prefix:B | chunked:C | decode
-    dtype: str = ""                  # teacher-forced only: fp32 | bf16 | fp16
-    params: str = ""                 # JSON of the request's sampling parameters
-    prompt_text: str = ""            # the prompt text when it was sent as text
-    output_len: int = -1             # filled by the reader from the token offsets
+    history: str = ""  # teacher-forced only: full | prefix:B | chunked:C | decode
+    dtype: str = ""  # teacher-forced only: fp32 | bf16 | fp16
+    params: str = ""  # JSON of the request's sampling parameters
+    prompt_text: str = ""  # the prompt text when it was sent as text
+    output_len: int = -1  # filled by the reader from the token offsets
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -141,9 +140,17 @@ class TokenColumns:
 
     def __post_init__(self) -> None:
         n = len(self.token_id)
-        set_ = lambda name, dt: object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=dt))
-        for name, dt in (("token_id", np.int32), ("logprob", np.float32), ("t_arrival_s", np.float64),
-                         ("topk_id", np.int32), ("topk_logprob", np.float32)):
+
+        def set_(name, dt):
+            return object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=dt))
+
+        for name, dt in (
+            ("token_id", np.int32),
+            ("logprob", np.float32),
+            ("t_arrival_s", np.float64),
+            ("topk_id", np.int32),
+            ("topk_logprob", np.float32),
+        ):
             set_(name, dt)
         for name in ("topk_logit", "logits"):
             if getattr(self, name) is not None:
@@ -152,7 +159,9 @@ class TokenColumns:
             if getattr(self, name).shape != (n,):
                 raise ValueError(f"{name}: expected shape ({n},), got {getattr(self, name).shape}")
         if self.topk_id.ndim != 2 or self.topk_id.shape[0] != n or self.topk_logprob.shape != self.topk_id.shape:
-            raise ValueError(f"topk_id/topk_logprob: expected [{n}, k], got {self.topk_id.shape} / {self.topk_logprob.shape}")
+            raise ValueError(
+                f"topk_id/topk_logprob: expected [{n}, k], got {self.topk_id.shape} / {self.topk_logprob.shape}"
+            )
         if self.topk_logit is not None and self.topk_logit.shape != self.topk_id.shape:
             raise ValueError(f"topk_logit: expected {self.topk_id.shape}, got {self.topk_logit.shape}")
         if self.logits is not None and (self.logits.ndim != 2 or self.logits.shape[0] != n):
@@ -167,10 +176,15 @@ class TokenColumns:
 
     @classmethod
     def empty(cls, k: int, raw_logits: bool = False, vocab_size: int = 0) -> "TokenColumns":
-        return cls(np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.float64),
-                   np.zeros((0, k), np.int32), np.zeros((0, k), np.float32),
-                   np.zeros((0, k), np.float32) if raw_logits else None,
-                   np.zeros((0, vocab_size), np.float32) if vocab_size else None)
+        return cls(
+            np.zeros(0, np.int32),
+            np.zeros(0, np.float32),
+            np.zeros(0, np.float64),
+            np.zeros((0, k), np.int32),
+            np.zeros((0, k), np.float32),
+            np.zeros((0, k), np.float32) if raw_logits else None,
+            np.zeros((0, vocab_size), np.float32) if vocab_size else None,
+        )
 
     def padded_to(self, k: int) -> "TokenColumns":
         """The same columns with top-k widened to k (id -1, logprob/logit NaN)."""
@@ -180,33 +194,42 @@ class TokenColumns:
         if have > k:
             raise ValueError(f"top-k width {have} exceeds the trace's width {k}")
         n = len(self)
-        pad = lambda a, v: np.concatenate([a, np.full((n, k - have), v, a.dtype)], axis=1)
-        return TokenColumns(self.token_id, self.logprob, self.t_arrival_s, pad(self.topk_id, -1),
-                            pad(self.topk_logprob, np.nan),
-                            None if self.topk_logit is None else pad(self.topk_logit, np.nan), self.logits)
+
+        def pad(a, v):
+            return np.concatenate([a, np.full((n, k - have), v, a.dtype)], axis=1)
+
+        return TokenColumns(
+            self.token_id,
+            self.logprob,
+            self.t_arrival_s,
+            pad(self.topk_id, -1),
+            pad(self.topk_logprob, np.nan),
+            None if self.topk_logit is None else pad(self.topk_logit, np.nan),
+            self.logits,
+        )
 
 
 @dataclass(frozen=True)
 class RequestTable:
     """All request rows as numpy columns (the small table; read eagerly)."""
 
-    key: np.ndarray            # object (str)
-    prompt_hash: np.ndarray    # object (str)
-    status: np.ndarray         # object (str)
-    http_status: np.ndarray    # int16
-    error: np.ndarray          # object (str)
+    key: np.ndarray  # object (str)
+    prompt_hash: np.ndarray  # object (str)
+    status: np.ndarray  # object (str)
+    http_status: np.ndarray  # int16
+    error: np.ndarray  # object (str)
     finish_reason: np.ndarray  # object (str)
     cached_tokens: np.ndarray  # int32, -1 unknown
-    prompt_len: np.ndarray     # int32, -1 unknown
-    t_sent_s: np.ndarray       # float64
+    prompt_len: np.ndarray  # int32, -1 unknown
+    t_sent_s: np.ndarray  # float64
     t_first_token_s: np.ndarray
     t_done_s: np.ndarray
-    history: np.ndarray        # object (str)
-    dtype: np.ndarray          # object (str)
-    params: np.ndarray         # object (str, JSON)
-    prompt_text: np.ndarray    # object (str)
-    token_offset: np.ndarray   # int64: first row of this request in /tokens
-    n_tokens: np.ndarray       # int32: rows in /tokens (= output length)
+    history: np.ndarray  # object (str)
+    dtype: np.ndarray  # object (str)
+    params: np.ndarray  # object (str, JSON)
+    prompt_text: np.ndarray  # object (str)
+    token_offset: np.ndarray  # int64: first row of this request in /tokens
+    n_tokens: np.ndarray  # int32: rows in /tokens (= output length)
     prompt_offset: np.ndarray  # int64: first row in /prompt/token_id
     extra: dict = field(default_factory=dict)
 
@@ -215,12 +238,23 @@ class RequestTable:
 
     def record(self, i: int) -> RequestRecord:
         return RequestRecord(
-            key=self.key[i], prompt_hash=self.prompt_hash[i], status=self.status[i],
-            http_status=int(self.http_status[i]), error=self.error[i], finish_reason=self.finish_reason[i],
-            cached_tokens=int(self.cached_tokens[i]), prompt_len=int(self.prompt_len[i]),
-            t_sent_s=float(self.t_sent_s[i]), t_first_token_s=float(self.t_first_token_s[i]),
-            t_done_s=float(self.t_done_s[i]), history=self.history[i], dtype=self.dtype[i],
-            params=self.params[i], prompt_text=self.prompt_text[i], output_len=int(self.n_tokens[i]))
+            key=self.key[i],
+            prompt_hash=self.prompt_hash[i],
+            status=self.status[i],
+            http_status=int(self.http_status[i]),
+            error=self.error[i],
+            finish_reason=self.finish_reason[i],
+            cached_tokens=int(self.cached_tokens[i]),
+            prompt_len=int(self.prompt_len[i]),
+            t_sent_s=float(self.t_sent_s[i]),
+            t_first_token_s=float(self.t_first_token_s[i]),
+            t_done_s=float(self.t_done_s[i]),
+            history=self.history[i],
+            dtype=self.dtype[i],
+            params=self.params[i],
+            prompt_text=self.prompt_text[i],
+            output_len=int(self.n_tokens[i]),
+        )
 
     def index_by_key(self) -> dict[str, int]:
         """key -> row; when a key repeats (a resumed run), the last row wins."""

@@ -40,8 +40,28 @@ class Acc:
     ids [n] (-1 when the engine gave only a string), logprobs [n], t [n] (s),
     top_ids / top_lps / top_logits: one list of length <= k per token."""
 
-    __slots__ = ("ids", "lps", "t", "top_ids", "top_lps", "top_logits", "strs", "top_strs", "top_maps",
-                 "tok_strs", "top_keys", "top_vals", "top_w", "finish_reason", "cached_tokens", "prompt_len", "prompt_ids", "done", "n_events", "seen")
+    __slots__ = (
+        "ids",
+        "lps",
+        "t",
+        "top_ids",
+        "top_lps",
+        "top_logits",
+        "strs",
+        "top_strs",
+        "top_maps",
+        "tok_strs",
+        "top_keys",
+        "top_vals",
+        "top_w",
+        "finish_reason",
+        "cached_tokens",
+        "prompt_len",
+        "prompt_ids",
+        "done",
+        "n_events",
+        "seen",
+    )
 
     def __init__(self) -> None:
         self.ids: list[int] = []
@@ -50,7 +70,7 @@ class Acc:
         self.top_ids: list[list[int]] = []
         self.top_lps: list[list[float]] = []
         self.top_logits: list[list[float]] | None = None
-        self.strs: list[str] | None = None        # chosen token strings, when ids are unknown
+        self.strs: list[str] | None = None  # chosen token strings, when ids are unknown
         self.top_strs: list[list[str]] | None = None
         # Legacy completions layout (OpenAI / vLLM): the raw `{token string: logprob}` dicts and
         # chosen token strings are kept as they come and converted in bulk by columns(): the
@@ -65,12 +85,12 @@ class Acc:
         self.top_vals: list[float] | None = None
         self.top_w: list[int] | None = None
         self.finish_reason = ""
-        self.cached_tokens = -1                    # -1: not reported (never 0 for "absent")
+        self.cached_tokens = -1  # -1: not reported (never 0 for "absent")
         self.prompt_len = -1
         self.prompt_ids: list[int] | None = None
-        self.done = False                          # the dialect saw its end-of-stream marker
+        self.done = False  # the dialect saw its end-of-stream marker
         self.n_events = 0
-        self.seen = 0                              # tokens consumed, for cumulative streams (SGLang)
+        self.seen = 0  # tokens consumed, for cumulative streams (SGLang)
 
     def add_token(self, tok_id: int, logprob: float, tops, t: float) -> None:
         """One token whose top candidates are dicts with "id" and "logprob" (llama.cpp, TGI)."""
@@ -97,8 +117,9 @@ class Acc:
         if self.strs is not None and to_ids is not None:
             # Map only what the engine left unknown (-1); ids it gave win.
             ids = [i if i >= 0 else m for i, m in zip(ids, to_ids(self.strs))]
-            top_ids_rows = [row if (not row or row[0] >= 0) else to_ids(s)
-                            for row, s in zip(self.top_ids, self.top_strs)]
+            top_ids_rows = [
+                row if (not row or row[0] >= 0) else to_ids(s) for row, s in zip(self.top_ids, self.top_strs)
+            ]
         tid = np.full((n, k), -1, np.int32)
         tlp = np.full((n, k), np.nan, np.float32)
         tlg = np.full((n, k), np.nan, np.float32) if raw_logits else None
@@ -117,9 +138,14 @@ class Acc:
                     tlp[i, :m] = self.top_lps[i][:m]
                     if tlg is not None and self.top_logits is not None and self.top_logits[i]:
                         tlg[i, :m] = self.top_logits[i][:m]
-        return TokenColumns(np.asarray(ids, np.int32).reshape(n), np.asarray(self.lps, np.float32),
-                            np.asarray(self.t, np.float64), tid, tlp, tlg)
-
+        return TokenColumns(
+            np.asarray(ids, np.int32).reshape(n),
+            np.asarray(self.lps, np.float32),
+            np.asarray(self.t, np.float64),
+            tid,
+            tlp,
+            tlg,
+        )
 
     def start_legacy(self) -> None:
         """First legacy-layout token of the request: accumulate in the compact form."""
@@ -147,7 +173,7 @@ class Acc:
     def _to_maps(self) -> None:
         maps, off = [], 0
         for s, w in zip(self.top_keys, self.top_w):
-            maps.append(dict(zip(s.split(" ") if w else (), self.top_vals[off:off + w])))
+            maps.append(dict(zip(s.split(" ") if w else (), self.top_vals[off : off + w])))
             off += w
         self.top_maps, self.top_keys, self.top_vals, self.top_w = maps, None, None, None
 
@@ -178,8 +204,11 @@ class Acc:
             chosen = np.asarray(self.ids, np.int64)
         else:
             chosen = _ids_of(self.tok_strs, to_ids)
-        top = np.asarray(self.top_ids, np.int64) if len(self.top_ids) == n and n and \
-            all(len(r) == w for r, w in zip(self.top_ids, widths.tolist())) else None
+        top = (
+            np.asarray(self.top_ids, np.int64)
+            if len(self.top_ids) == n and n and all(len(r) == w for r, w in zip(self.top_ids, widths.tolist()))
+            else None
+        )
         flat_ids = top.reshape(-1) if top is not None else flat
         tid = np.full((n, k), -1, np.int32)
         tlp = np.full((n, k), np.nan, np.float32)
@@ -206,8 +235,9 @@ class Acc:
                 for i, row in enumerate(lg[:n]):
                     m = min(len(row), k)
                     tlg[i, :m] = row[:m]
-        return TokenColumns(chosen.astype(np.int32), np.asarray(self.lps, np.float32),
-                            np.asarray(self.t, np.float64), tid, tlp, tlg)
+        return TokenColumns(
+            chosen.astype(np.int32), np.asarray(self.lps, np.float32), np.asarray(self.t, np.float64), tid, tlp, tlg
+        )
 
 
 _TID = "token_id:"
@@ -231,7 +261,7 @@ def _split_keys(joined: list[str], widths: list[int], to_ids) -> np.ndarray:
 
 
 def _token_id_ints(joined: str, n: int) -> np.ndarray | None:
-    """"token_id:N token_id:M ..." (n of them) -> int64 [n], or None when it is not that."""
+    """ "token_id:N token_id:M ..." (n of them) -> int64 [n], or None when it is not that."""
     if not n or joined[:9] != _TID or joined.count(":") != n:  # ":" counts faster than _TID
         return None
     # C-speed parse with the prefix as numpy's separator (about 0.4 us per token at k=20,
@@ -267,7 +297,7 @@ class Dialect(Protocol):
     capture/dialects/__init__.py for the table."""
 
     name: str
-    done_marker: bool      # the stream ends with `data: [DONE]` (a stream without it is cut)
+    done_marker: bool  # the stream ends with `data: [DONE]` (a stream without it is cut)
 
     def route(self, stream: bool) -> str: ...
 

@@ -32,9 +32,15 @@ class LlamaCppCompletion:
         return "/completion"
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
-        b: dict[str, Any] = {"prompt": spec.prompt, "n_predict": spec.max_tokens, "temperature": spec.temperature,
-                             "n_probs": spec.top_logprobs, "cache_prompt": True, "stream": spec.stream,
-                             "return_tokens": True}
+        b: dict[str, Any] = {
+            "prompt": spec.prompt,
+            "n_predict": spec.max_tokens,
+            "temperature": spec.temperature,
+            "n_probs": spec.top_logprobs,
+            "cache_prompt": True,
+            "stream": spec.stream,
+            "return_tokens": True,
+        }
         if spec.ignore_eos:
             b["ignore_eos"] = True
         b.update(spec.extra)

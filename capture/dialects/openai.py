@@ -109,8 +109,12 @@ class OpenAICompletions:
         return "/v1/completions"
 
     def body(self, spec: RequestSpec) -> dict[str, Any]:
-        b: dict[str, Any] = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": spec.temperature,
-                             "stream": spec.stream}
+        b: dict[str, Any] = {
+            "prompt": spec.prompt,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "stream": spec.stream,
+        }
         if spec.model:
             b["model"] = spec.model
         b["logprobs"] = spec.top_logprobs  # even 0: the chosen tokens come inside the logprobs object
@@ -136,8 +140,14 @@ class OpenAICompletions:
             except (KeyError, TypeError, ValueError):
                 pass
             else:
-                if ("content" not in lp and "top_logits" not in lp and "prompt_token_ids" not in ch
-                        and not obj.get("usage") and not obj.get("prompt_token_ids") and ch.get("index", 0) == 0):
+                if (
+                    "content" not in lp
+                    and "top_logits" not in lp
+                    and "prompt_token_ids" not in ch
+                    and not obj.get("usage")
+                    and not obj.get("prompt_token_ids")
+                    and ch.get("index", 0) == 0
+                ):
                     keys = " ".join(d)
                     if keys[:9] == "token_id:":  # other keys may hold spaces: the checked path
                         acc.lps.extend(tl or ())
@@ -176,6 +186,7 @@ class OpenAIChat(OpenAICompletions):
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         if not isinstance(spec.prompt, str):
             from tracekit.errors import ConfigError
+
             raise ConfigError(f"prompt {spec.key!r}: the openai-chat dialect needs a text prompt, got token ids")
         b = super().body(spec)
         b["messages"] = [{"role": "user", "content": b.pop("prompt")}]

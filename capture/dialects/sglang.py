@@ -28,8 +28,13 @@ class SGLangGenerate:
         sp: dict[str, Any] = {"max_new_tokens": spec.max_tokens, "temperature": spec.temperature}
         if spec.ignore_eos:
             sp["ignore_eos"] = True
-        b: dict[str, Any] = {"sampling_params": sp, "stream": spec.stream, "return_logprob": True,
-                             "top_logprobs_num": spec.top_logprobs, "logprob_start_len": -1}
+        b: dict[str, Any] = {
+            "sampling_params": sp,
+            "stream": spec.stream,
+            "return_logprob": True,
+            "top_logprobs_num": spec.top_logprobs,
+            "logprob_start_len": -1,
+        }
         b["text" if isinstance(spec.prompt, str) else "input_ids"] = spec.prompt
         b.update(spec.extra)
         return b

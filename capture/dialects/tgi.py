@@ -33,8 +33,12 @@ class TGIGenerate:
     def body(self, spec: RequestSpec) -> dict[str, Any]:
         if not isinstance(spec.prompt, str):
             raise ConfigError(f"prompt {spec.key!r}: TGI takes text prompts only, got token ids")
-        params: dict[str, Any] = {"max_new_tokens": spec.max_tokens, "details": True, "do_sample": False,
-                                  "decoder_input_details": False}
+        params: dict[str, Any] = {
+            "max_new_tokens": spec.max_tokens,
+            "details": True,
+            "do_sample": False,
+            "decoder_input_details": False,
+        }
         if spec.top_logprobs:
             params["top_n_tokens"] = spec.top_logprobs
         params.update(spec.extra)

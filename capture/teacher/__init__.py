@@ -11,14 +11,23 @@ from __future__ import annotations
 
 from tracekit.errors import ConfigError
 
-from .diagnostic import (DiagnosticConfig, DiagnosticSummary, check_full_logits_size, full_logits_bytes,
-                         run_diagnostic)
+from .diagnostic import DiagnosticConfig, DiagnosticSummary, check_full_logits_size, full_logits_bytes, run_diagnostic
 from .history import History, HistorySpec, parse_dtypes, parse_histories
-from .runner import ATTNS
-from .sequences import Sequence, from_trace, read_prompts
+from .model import ATTNS
+from .sequences import TokenSequence, from_trace, read_prompts
 
-__all__ = ["DiagnosticConfig", "DiagnosticSummary", "History", "HistorySpec", "Sequence", "cli_run", "run_from_options",
-           "parse_histories", "parse_dtypes", "run_diagnostic"]
+__all__ = [
+    "DiagnosticConfig",
+    "DiagnosticSummary",
+    "History",
+    "HistorySpec",
+    "TokenSequence",
+    "cli_run",
+    "run_from_options",
+    "parse_histories",
+    "parse_dtypes",
+    "run_diagnostic",
+]
 
 
 def _vocab_size(model_dir: str) -> int:
@@ -43,18 +52,38 @@ def cli_run(*, as_json: bool = False, **opts) -> int:
     if as_json:
         print(json.dumps(s.as_dict(), sort_keys=True))
     else:
-        print(f"{s.path}: {s.rows} teacher-forced rows ({s.sequences} sequences x histories x dtypes); "
-              + ", ".join(f"{d} {t:.1f}s" for d, t in s.seconds_by_dtype.items()))
+        print(
+            f"{s.path}: {s.rows} teacher-forced rows ({s.sequences} sequences x histories x dtypes); "
+            + ", ".join(f"{d} {t:.1f}s" for d, t in s.seconds_by_dtype.items())
+        )
     if s.skipped:
-        print(f"note: {len(s.skipped)} (sequence, history) pairs did not apply and have no row: "
-              + ", ".join(s.skipped[:5]) + (" ..." if len(s.skipped) > 5 else ""), file=sys.stderr)
+        print(
+            f"note: {len(s.skipped)} (sequence, history) pairs did not apply and have no row: "
+            + ", ".join(s.skipped[:5])
+            + (" ..." if len(s.skipped) > 5 else ""),
+            file=sys.stderr,
+        )
     return 0
 
 
-def run_from_options(*, teacher_forced: str, out: str | None, history: str = "full", dtype: str = "fp32", from_path: str | None = None,
-            keys: str | None = None, prompts: str | None = None, max_tokens: int | None = None, attn: str = "auto",
-            device: str = "cpu", top_logprobs: int = 20, full_logits: bool = False, force: bool = False,
-            no_cuda_graphs: bool = False, **_ignored) -> DiagnosticSummary:
+def run_from_options(
+    *,
+    teacher_forced: str,
+    out: str | None,
+    history: str = "full",
+    dtype: str = "fp32",
+    from_path: str | None = None,
+    keys: str | None = None,
+    prompts: str | None = None,
+    max_tokens: int | None = None,
+    attn: str = "auto",
+    device: str = "cpu",
+    top_logprobs: int = 20,
+    full_logits: bool = False,
+    force: bool = False,
+    no_cuda_graphs: bool = False,
+    **_ignored,
+) -> DiagnosticSummary:
     """Run the diagnostic from CLI options (strings as typed); raises ConfigError on bad input.
     Options of the HTTP capture that do not apply here arrive in **_ignored."""
     if not out:
@@ -69,9 +98,17 @@ def run_from_options(*, teacher_forced: str, out: str | None, history: str = "fu
         raise ConfigError(f"--attn {attn!r}: expected one of {', '.join(ATTNS)}")
     if top_logprobs < 1:
         raise ConfigError(f"--top-logprobs must be >= 1, got {top_logprobs}")
-    cfg = DiagnosticConfig(model_dir=teacher_forced, histories=parse_histories(history), dtypes=parse_dtypes(dtype),
-                           attn=attn, device=device, topk=top_logprobs, full_logits=full_logits, force=force,
-                           cuda_graphs=not no_cuda_graphs)
+    cfg = DiagnosticConfig(
+        model_dir=teacher_forced,
+        histories=parse_histories(history),
+        dtypes=parse_dtypes(dtype),
+        attn=attn,
+        device=device,
+        topk=top_logprobs,
+        full_logits=full_logits,
+        force=force,
+        cuda_graphs=not no_cuda_graphs,
+    )
     vocab = _vocab_size(teacher_forced)
     first = None
     if from_path is not None:
@@ -91,7 +128,7 @@ def run_from_options(*, teacher_forced: str, out: str | None, history: str = "fu
 
 def _generate(cfg: DiagnosticConfig, prompt_list, max_tokens: int):
     """Greedy sequences in the first asked dtype; returns them and the loaded model."""
-    from .runner import load_model
+    from .model import load_model
     from .sequences import eos_token_ids, greedy_sequences
 
     lm = load_model(cfg.model_dir, cfg.dtypes[0], cfg.device, cfg.attn, cfg.cuda_graphs)

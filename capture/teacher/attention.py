@@ -37,15 +37,21 @@ from __future__ import annotations
 NAME = "sdpa_lower_right"
 
 
-def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                     is_causal=None, **kwargs):
+def lower_right_sdpa(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+):
     """query [N, H, q, D], key/value [N, Hkv, kv, D] -> ([N, q, H, D], None)."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     q_len, kv_len = query.shape[2], key.shape[2]
-    if attention_mask is not None or kwargs.get("position_bias") is not None or not 1 < q_len < kv_len \
-            or not getattr(module, "is_causal", True) or is_causal is False:
+    if (
+        attention_mask is not None
+        or kwargs.get("position_bias") is not None
+        or not 1 < q_len < kv_len
+        or not getattr(module, "is_causal", True)
+        or is_causal is False
+    ):
         # Everything but a segment on a cache is transformers' own sdpa call,
         # exactly as `sdpa` makes it when its mask builder skips the mask
         # (q_len == kv_len or q_len == 1, no padding), so those numerics stay;
@@ -56,8 +62,17 @@ def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float =
         from torch.nn.attention import sdpa_kernel
 
         with sdpa_kernel(_no_cudnn()) if q_len == 1 and query.is_cuda else contextlib.nullcontext():
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                          scaling=scaling, is_causal=is_causal, **kwargs)
+            return sdpa_attention_forward(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=is_causal,
+                **kwargs,
+            )
     groups = getattr(module, "num_key_value_groups", 1)
     if query.is_cuda and SQUARE_FROM * q_len >= kv_len:
         return _square(query, key, value, dropout, scaling, groups), None
@@ -70,9 +85,9 @@ def lower_right_sdpa(module, query, key, value, attention_mask, dropout: float =
         from transformers.integrations.sdpa_attention import repeat_kv
 
         key, value, groups = repeat_kv(key, groups), repeat_kv(value, groups), 1
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                           is_causal=False, scale=scaling,
-                                                           enable_gqa=groups > 1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=False, scale=scaling, enable_gqa=groups > 1
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -110,11 +125,12 @@ def _square(query, key, value, dropout: float, scaling, groups: int):
     # In the queries' own memory layout: transformers' are [N, q, H, D] in
     # memory, viewed as [N, H, q, D]; a copy in that layout is a plain one.
     padded = query.new_empty((n, kv_len, h, d)).transpose(1, 2)
-    padded[:, :, :kv_len - q_len].zero_()
-    padded[:, :, kv_len - q_len:].copy_(query)
-    out = torch.nn.functional.scaled_dot_product_attention(padded, key, value, dropout_p=dropout, is_causal=True,
-                                                           scale=scaling, enable_gqa=groups > 1)
-    return out[:, :, kv_len - q_len:].transpose(1, 2).contiguous()
+    padded[:, :, : kv_len - q_len].zero_()
+    padded[:, :, kv_len - q_len :].copy_(query)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        padded, key, value, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=groups > 1
+    )
+    return out[:, :, kv_len - q_len :].transpose(1, 2).contiguous()
 
 
 def _flash_ok(query, key, value, dropout: float) -> bool:

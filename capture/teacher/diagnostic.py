@@ -20,7 +20,7 @@ from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta
 
 from .history import History, HistorySpec
-from .sequences import Sequence, eos_token_ids
+from .sequences import TokenSequence, eos_token_ids
 
 FULL_LOGITS_LIMIT_BYTES = 10**9
 
@@ -30,13 +30,13 @@ class DiagnosticConfig:
     model_dir: str
     histories: tuple[HistorySpec, ...]
     dtypes: tuple[str, ...]
-    attn: str = "auto"      # sdpa_lower_right on CUDA, sdpa on CPU
+    attn: str = "auto"  # sdpa_lower_right on CUDA, sdpa on CPU
     device: str = "cpu"
     topk: int = 20
     full_logits: bool = False
     force: bool = False
-    cuda_graphs: bool = True        # decode chains on CUDA as graphs with eager attention (graphs.py)
-    batch_tokens: int = 1 << 15     # input tokens per batched forward (memory bound)
+    cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
+    batch_tokens: int = 1 << 15  # input tokens per batched forward (memory bound)
     batch_logits_bytes: int = 1 << 29  # FP32 bytes of one history's scored logits [N, G, V] per batch
 
 
@@ -45,15 +45,20 @@ class DiagnosticSummary:
     path: str
     rows: int = 0
     sequences: int = 0
-    skipped: list[str] = field(default_factory=list)   # "key history" pairs that do not apply
+    skipped: list[str] = field(default_factory=list)  # "key history" pairs that do not apply
     seconds_by_dtype: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"out": self.path, "rows": self.rows, "sequences": self.sequences, "skipped": list(self.skipped),
-                "seconds_by_dtype": dict(self.seconds_by_dtype)}
+        return {
+            "out": self.path,
+            "rows": self.rows,
+            "sequences": self.sequences,
+            "skipped": list(self.skipped),
+            "seconds_by_dtype": dict(self.seconds_by_dtype),
+        }
 
 
-def resolve(seq: Sequence, specs: tuple[HistorySpec, ...]) -> tuple[list[History], list[str]]:
+def resolve(seq: TokenSequence, specs: tuple[HistorySpec, ...]) -> tuple[list[History], list[str]]:
     """The sequence's histories (duplicates by label dropped) and the specs that do not apply."""
     out, skipped = [], []
     p, g = seq.shape
@@ -66,8 +71,13 @@ def resolve(seq: Sequence, specs: tuple[HistorySpec, ...]) -> tuple[list[History
     return out, skipped
 
 
-def plan(seqs: list[Sequence], specs: tuple[HistorySpec, ...], batch_tokens: int,
-         logits_per_seq_bytes=lambda g: 0, logits_budget: int = 1 << 29):
+def plan_batches(
+    seqs: list[TokenSequence],
+    specs: tuple[HistorySpec, ...],
+    batch_tokens: int,
+    logits_per_seq_bytes=lambda g: 0,
+    logits_budget: int = 1 << 29,
+):
     """Batches [(seq indices, histories)]: equal shapes and equal histories, at
     most batch_tokens inputs and logits_budget bytes of one history's scored
     logits each. Also returns the skipped 'key history' pairs."""
@@ -86,11 +96,11 @@ def plan(seqs: list[Sequence], specs: tuple[HistorySpec, ...], batch_tokens: int
     for gk, idx in groups.items():
         by_logits = logits_budget // max(1, logits_per_seq_bytes(gk[0][1]))
         per = max(1, min(batch_tokens // max(1, sum(gk[0]) - 1), by_logits))
-        batches += [(idx[j:j + per], hist_of[gk]) for j in range(0, len(idx), per)]
+        batches += [(idx[j : j + per], hist_of[gk]) for j in range(0, len(idx), per)]
     return batches, skipped
 
 
-def full_logits_bytes(seqs: list[Sequence], specs, n_dtypes: int, vocab: int) -> int:
+def full_logits_bytes(seqs: list[TokenSequence], specs, n_dtypes: int, vocab: int) -> int:
     """Uncompressed FP32 size of the full-logits column the run would write."""
     rows = sum(len(resolve(s, specs)[0]) * len(s.gen_ids) for s in seqs)
     return rows * n_dtypes * vocab * 4
@@ -98,48 +108,69 @@ def full_logits_bytes(seqs: list[Sequence], specs, n_dtypes: int, vocab: int) ->
 
 def check_full_logits_size(nbytes: int, force: bool) -> None:
     if nbytes > FULL_LOGITS_LIMIT_BYTES and not force:
-        raise ConfigError(f"--full-logits would write {nbytes / 1e9:.2f} GB of FP32 logits (before compression), "
-                          f"over the {FULL_LOGITS_LIMIT_BYTES / 1e9:.0f} GB limit; pass --force to write them "
-                          "anyway, or drop --full-logits (top-k raw logits are always stored)")
+        raise ConfigError(
+            f"--full-logits would write {nbytes / 1e9:.2f} GB of FP32 logits (before compression), "
+            f"over the {FULL_LOGITS_LIMIT_BYTES / 1e9:.0f} GB limit; pass --force to write them "
+            "anyway, or drop --full-logits (top-k raw logits are always stored)"
+        )
 
 
 def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dict) -> RunMeta:
     import torch
     import transformers
 
-    from .runner import resolve_attn
+    from .model import resolve_attn
 
-    run = base_run(model=cfg.model_dir, histories=[s.label for s in cfg.histories], dtypes=list(cfg.dtypes),
-                   attn=resolve_attn(cfg.attn, cfg.device), device=cfg.device, top_logprobs=cfg.topk, full_logits=cfg.full_logits,
-                   cuda_graphs=cfg.cuda_graphs and cfg.device.startswith("cuda"),  # never cpu, never a device_map
-                   eos_token_ids=list(eos), torch=torch.__version__, transformers=transformers.__version__,
-                   **extra)
-    return RunMeta(source="teacher_forced", run=run,
-                   layout=Layout(topk=cfg.topk, raw_logits=True, vocab_size=vocab if cfg.full_logits else 0))
+    run = base_run(
+        model=cfg.model_dir,
+        histories=[s.label for s in cfg.histories],
+        dtypes=list(cfg.dtypes),
+        attn=resolve_attn(cfg.attn, cfg.device),
+        device=cfg.device,
+        top_logprobs=cfg.topk,
+        full_logits=cfg.full_logits,
+        cuda_graphs=cfg.cuda_graphs and cfg.device.startswith("cuda"),  # never cpu, never a device_map
+        eos_token_ids=list(eos),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        **extra,
+    )
+    return RunMeta(
+        source="teacher_forced",
+        run=run,
+        layout=Layout(topk=cfg.topk, raw_logits=True, vocab_size=vocab if cfg.full_logits else 0),
+    )
 
 
-def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[Sequence], batches) -> int:
+def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[TokenSequence], batches) -> int:
     """Run every batch in one loaded dtype and append its rows; returns rows written."""
     import torch
 
-    from .runner import run_histories
     from .scoring import score
+    from .trie import run_histories
 
     rows = 0
     for idx, hists in batches:
         batch = [seqs[i] for i in idx]
         p, g = batch[0].shape
         full = torch.from_numpy(np.stack([np.concatenate([s.prompt_ids, s.gen_ids]) for s in batch]))
-        full = full.to(lm.device)                                                                       # [N, P+G]
+        full = full.to(lm.device)  # [N, P+G]
         logits = run_histories(lm, full[:, :-1], p - 1, hists)
-        targets = full[:, p:]                                                                           # [N, G]
+        targets = full[:, p:]  # [N, G]
         cols = {h.label: score(logits[h.label], targets, cfg.topk, cfg.full_logits) for h in hists}
         for n, s in enumerate(batch):
             for h in hists:
-                rec = RequestRecord(key=s.key, prompt_hash=s.prompt_hash, finish_reason=s.finish_reason,
-                                    cached_tokens=h.cached_tokens, prompt_len=p, history=h.label,
-                                    dtype=lm.dtype, prompt_text=s.prompt_text,
-                                    params='{"teacher_forced": true}')
+                rec = RequestRecord(
+                    key=s.key,
+                    prompt_hash=s.prompt_hash,
+                    finish_reason=s.finish_reason,
+                    cached_tokens=h.cached_tokens,
+                    prompt_len=p,
+                    history=h.label,
+                    dtype=lm.dtype,
+                    prompt_text=s.prompt_text,
+                    params='{"teacher_forced": true}',
+                )
                 writer.append(rec, cols[h.label][n], s.prompt_ids, flush=False)
                 rows += 1
         writer.flush()
@@ -147,36 +178,44 @@ def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[Sequence], batches)
     return rows
 
 
-def run_diagnostic(cfg: DiagnosticConfig, seqs: list[Sequence], out: str, first_model=None,
-                   extra_run: dict | None = None) -> DiagnosticSummary:
+def run_diagnostic(
+    cfg: DiagnosticConfig, seqs: list[TokenSequence], out: str, first_model=None, extra_run: dict | None = None
+) -> DiagnosticSummary:
     """Write the diagnostic trace for `seqs` to `out`. first_model: an already
     loaded LoadedModel in cfg.dtypes[0] (the greedy generator's), reused."""
     from tracekit.store import TraceWriter
 
-    from .runner import load_model
+    from .model import load_model
 
     summary, writer, batches = None, None, None
     try:
         for d in cfg.dtypes:
             t0 = time.perf_counter()
-            lm = first_model if first_model is not None and first_model.dtype == d else \
-                load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs)
+            lm = (
+                first_model
+                if first_model is not None and first_model.dtype == d
+                else load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs)
+            )
             if batches is None:
-                batches, skipped = plan(seqs, cfg.histories, cfg.batch_tokens,
-                                        lambda g: g * lm.vocab_size * 4, cfg.batch_logits_bytes)
+                batches, skipped = plan_batches(
+                    seqs, cfg.histories, cfg.batch_tokens, lambda g, v=lm.vocab_size: g * v * 4, cfg.batch_logits_bytes
+                )
                 if not batches:
-                    raise ConfigError("no history applies to any sequence "
-                                      "(prefix boundaries unknown, zero or past the end)")
+                    raise ConfigError(
+                        "no history applies to any sequence (prefix boundaries unknown, zero or past the end)"
+                    )
                 summary = DiagnosticSummary(path=out, sequences=len(seqs), skipped=skipped)
             if writer is None:
                 # Chunk-size hint (rows x histories x dtypes): a small diagnostic gets a small file.
                 hint = sum(len(q.gen_ids) for q in seqs) * len(cfg.histories) * len(cfg.dtypes)
-                writer = TraceWriter(out, run_meta(cfg, lm.vocab_size, eos_token_ids(lm.model), extra_run or {}),
-                                     expected_tokens=hint)
+                writer = TraceWriter(
+                    out, run_meta(cfg, lm.vocab_size, eos_token_ids(lm.model), extra_run or {}), expected_tokens=hint
+                )
             summary.rows += write_rows(writer, cfg, lm, seqs, batches)
             summary.seconds_by_dtype[d] = round(time.perf_counter() - t0, 3)
-            print(f"teacher-forced {d}: {summary.rows} rows so far, {summary.seconds_by_dtype[d]:.1f} s",
-                  file=sys.stderr)
+            print(
+                f"teacher-forced {d}: {summary.rows} rows so far, {summary.seconds_by_dtype[d]:.1f} s", file=sys.stderr
+            )
             del lm
     finally:
         if writer is not None:

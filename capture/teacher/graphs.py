@@ -43,7 +43,7 @@ from typing import Any
 
 HOLE = "tracekit_graph_hole"
 GRAPH_ATTNS = ("sdpa", "sdpa_lower_right")
-MIN_STEPS = 4     # a chain shorter than this is not worth one capture
+MIN_STEPS = 4  # a chain shorter than this is not worth one capture
 
 _ACTIVE: list = []  # the recorder of the forward being captured (one at a time)
 # What happened to chains in this process (read by tests and the benchmark).
@@ -57,14 +57,14 @@ class NoGraph(Exception):
 @dataclass
 class _Hole:
     layer_idx: int
-    key: Any                 # the step's new key/value, written by the graph before the hole
+    key: Any  # the step's new key/value, written by the graph before the hole
     value: Any
     update_args: tuple
     update_kwargs: dict
     module: Any
     query: Any
     attn_kwargs: dict
-    out: Any = None          # the attention output, read by the graph after the hole
+    out: Any = None  # the attention output, read by the graph after the hole
 
 
 class _Recorder:
@@ -112,8 +112,12 @@ class _Recorder:
         """Stands in for the attention function while recording."""
         import torch
 
-        if attention_mask is not None or query.shape[2] != 1 or self.pending is None \
-                or kwargs.get("position_bias") is not None:
+        if (
+            attention_mask is not None
+            or query.shape[2] != 1
+            or self.pending is None
+            or kwargs.get("position_bias") is not None
+        ):
             raise NoGraph("the step's attention takes a mask, a bias or more than one query")
         layer_idx, k, v, uargs, ukw = self.pending
         self.pending = None
@@ -123,8 +127,9 @@ class _Recorder:
             return self.real_attention(module, query, key, value, None, **kwargs)
         self.end()
         # real_attention returns attn_output.transpose(1, 2).contiguous(): [N, q, H, Dv]
-        hole.out = torch.empty((query.shape[0], query.shape[2], query.shape[1], value.shape[-1]),
-                               dtype=query.dtype, device=query.device)
+        hole.out = torch.empty(
+            (query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), dtype=query.dtype, device=query.device
+        )
         self.begin()
         return hole.out, None
 
@@ -161,6 +166,7 @@ def _capture_mask(loaded_mask):
     None, as the eager step's builder does; with one, the loaded builder
     (whose mask makes the capture refuse, NoGraph).
     """
+
     def mask(*args, attention_mask=None, **kwargs):
         if attention_mask is None:
             return None
@@ -195,8 +201,13 @@ def graphable(lm, cache) -> bool:
     loaded = getattr(lm.model.config, "_attn_implementation", None)
     layers = getattr(cache, "layers", None)
     placed = set((getattr(lm.model, "hf_device_map", None) or {}).values())
-    return (lm.device.startswith("cuda") and loaded in GRAPH_ATTNS and layers is not None and len(placed) <= 1
-            and all(type(layer) is DynamicLayer for layer in layers))
+    return (
+        lm.device.startswith("cuda")
+        and loaded in GRAPH_ATTNS
+        and layers is not None
+        and len(placed) <= 1
+        and all(type(layer) is DynamicLayer for layer in layers)
+    )
 
 
 def _step_inputs(lm, ids_col, pos: int) -> dict:
@@ -204,7 +215,10 @@ def _step_inputs(lm, ids_col, pos: int) -> dict:
     where the forward still takes it, cache_position [1] (transformers < 5.2x)."""
     import torch
 
-    kw = {"input_ids": ids_col.clone(), "position_ids": torch.full((1, 1), pos, dtype=torch.long, device=ids_col.device)}
+    kw = {
+        "input_ids": ids_col.clone(),
+        "position_ids": torch.full((1, 1), pos, dtype=torch.long, device=ids_col.device),
+    }
     if "cache_position" in inspect.signature(lm.model.forward).parameters:
         kw["cache_position"] = torch.full((1,), pos, dtype=torch.long, device=ids_col.device)
     return kw
@@ -243,13 +257,13 @@ def decode_chain(lm, ids, start: int, cache, mode: str = "graphs"):
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             # the chain's first step, eagerly, on the capture stream (warms its cuBLAS handle)
-            logits = _model_step(lm, cache, {"input_ids": ids[:, start:start + 1]})
+            logits = _model_step(lm, cache, {"input_ids": ids[:, start : start + 1]})
             out = logits.new_empty((ids.shape[0], steps, logits.shape[-1]))
             out[:, 0].copy_(logits[:, -1])
             first = 1
         torch.cuda.current_stream().wait_stream(stream)
     pos = start + first
-    inputs = _step_inputs(lm, ids[:, pos:pos + 1], pos)
+    inputs = _step_inputs(lm, ids[:, pos : pos + 1], pos)
     rec = _Recorder(cache, real_attention, capture=mode == "graphs")
     if mode == "graphs":
         torch.cuda.synchronize()
@@ -269,11 +283,11 @@ def decode_chain(lm, ids, start: int, cache, mode: str = "graphs"):
         if logits is None:
             # nothing of the captured step ran; finish the chain eagerly
             for p in range(pos, n):
-                out[:, p - start].copy_(_model_step(lm, cache, {"input_ids": ids[:, p:p + 1]})[:, -1])
+                out[:, p - start].copy_(_model_step(lm, cache, {"input_ids": ids[:, p : p + 1]})[:, -1])
             return out
         for p in range(pos, n):  # the captured step launched nothing: replay it too
             if p > pos:
-                _set_step(inputs, ids[:, p:p + 1], p)
+                _set_step(inputs, ids[:, p : p + 1], p)
             rec.replay()
             out[:, p - start].copy_(logits[:, -1])
         STATS["graphed_chains"] += 1
@@ -283,7 +297,7 @@ def decode_chain(lm, ids, start: int, cache, mode: str = "graphs"):
         raise ValueError(f"mode {mode!r}")
     pieces = []
     for p in range(pos, n):
-        _set_step(inputs, ids[:, p:p + 1], p)
+        _set_step(inputs, ids[:, p : p + 1], p)
         rec.holes.clear()
         with _recording(lm.model, cache, rec, loaded):
             pieces.append(_model_step(lm, cache, inputs)[:, -1:])

@@ -78,8 +78,10 @@ def parse_history(text: str) -> HistorySpec:
         return HistorySpec("prefix", None)
     if kind in ("prefix", "chunked") and arg.isdigit() and int(arg) > 0:
         return HistorySpec(kind, int(arg))
-    raise ConfigError(f"bad history {item!r}: expected one of full, prefix:B, prefix:auto, chunked:C, decode "
-                      "(B and C positive token counts)")
+    raise ConfigError(
+        f"bad history {item!r}: expected one of full, prefix:B, prefix:auto, chunked:C, decode "
+        "(B and C positive token counts)"
+    )
 
 
 def parse_histories(text: str) -> tuple[HistorySpec, ...]:

@@ -18,16 +18,29 @@ def score(logits, targets, topk: int, full_logits: bool = False) -> list[TokenCo
     import torch
 
     with torch.inference_mode():
-        x = logits.float()                                   # [N, G, V] fp32
-        logp = torch.log_softmax(x, dim=-1)                  # [N, G, V]
-        chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)   # [N, G]
+        x = logits.float()  # [N, G, V] fp32
+        logp = torch.log_softmax(x, dim=-1)  # [N, G, V]
+        chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N, G]
         k = min(topk, x.shape[-1])
-        top_logit, top_id = torch.topk(x, k, dim=-1)         # [N, G, k], sorted descending
+        top_logit, top_id = torch.topk(x, k, dim=-1)  # [N, G, k], sorted descending
         top_logp = logp.gather(-1, top_id)
-        cpu = lambda t: t.cpu().numpy()
+
+        def cpu(t):
+            return t.cpu().numpy()
+
         token_id, chosen, top_id, top_logp, top_logit = map(cpu, (targets, chosen, top_id, top_logp, top_logit))
         full = cpu(x) if full_logits else None
     n, g = token_id.shape
     nan_times = np.full(g, np.nan)
-    return [TokenColumns(token_id[i], chosen[i], nan_times, top_id[i], top_logp[i], top_logit[i],
-                         full[i] if full is not None else None) for i in range(n)]
+    return [
+        TokenColumns(
+            token_id[i],
+            chosen[i],
+            nan_times,
+            top_id[i],
+            top_logp[i],
+            top_logit[i],
+            full[i] if full is not None else None,
+        )
+        for i in range(n)
+    ]

@@ -1,6 +1,6 @@
 """The token sequences the diagnostic replays: from a trace, or greedy from prompts.
 
-A Sequence is the prompt ids plus the generated ids of one request, with what
+A TokenSequence is the prompt ids plus the generated ids of one request, with what
 the output row should carry over from the source (key, prompt hash, finish
 reason, the engine's reported cached_tokens for prefix:auto).
 """
@@ -19,12 +19,12 @@ from tracekit.schema import prompt_hash as _prompt_hash
 
 
 @dataclass(frozen=True)
-class Sequence:
+class TokenSequence:
     key: str
-    prompt_ids: np.ndarray      # [P] int64
-    gen_ids: np.ndarray         # [G] int64, the teacher-forced tokens
+    prompt_ids: np.ndarray  # [P] int64
+    gen_ids: np.ndarray  # [G] int64, the teacher-forced tokens
     prompt_hash: str
-    cached_tokens: int = -1     # the engine's reused prefix (-1 = not reported)
+    cached_tokens: int = -1  # the engine's reused prefix (-1 = not reported)
     finish_reason: str = ""
     prompt_text: str = ""
 
@@ -37,7 +37,7 @@ def _note(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
-def from_trace(path: str, keys: list[str] | None = None) -> list[Sequence]:
+def from_trace(path: str, keys: list[str] | None = None) -> list[TokenSequence]:
     """Sequences of the ok requests of a trace (the last row of each key), in file order."""
     from tracekit.store import TraceReader
 
@@ -47,8 +47,10 @@ def from_trace(path: str, keys: list[str] | None = None) -> list[Sequence]:
         if keys:
             missing = [k for k in keys if k not in rows]
             if missing:
-                raise ConfigError(f"{path}: no request with key {', '.join(map(repr, missing[:5]))} "
-                                  f"({len(missing)} missing; the trace has {len(rows)} keys)")
+                raise ConfigError(
+                    f"{path}: no request with key {', '.join(map(repr, missing[:5]))} "
+                    f"({len(missing)} missing; the trace has {len(rows)} keys)"
+                )
             rows = {k: rows[k] for k in keys}
         out, skipped = [], 0
         for key, i in sorted(rows.items(), key=lambda kv: kv[1]):
@@ -57,12 +59,21 @@ def from_trace(path: str, keys: list[str] | None = None) -> list[Sequence]:
             if table.status[i] != "ok" or pids is None or len(pids) == 0 or len(toks) == 0:
                 skipped += 1
                 continue
-            out.append(Sequence(key, np.asarray(pids, np.int64), np.asarray(toks, np.int64),
-                                table.prompt_hash[i], int(table.cached_tokens[i]), table.finish_reason[i],
-                                table.prompt_text[i]))
+            out.append(
+                TokenSequence(
+                    key,
+                    np.asarray(pids, np.int64),
+                    np.asarray(toks, np.int64),
+                    table.prompt_hash[i],
+                    int(table.cached_tokens[i]),
+                    table.finish_reason[i],
+                    table.prompt_text[i],
+                )
+            )
     if skipped:
-        _note(f"note: skipped {skipped} request(s) of {path} that failed, have no prompt token ids "
-              "or no generated tokens")
+        _note(
+            f"note: skipped {skipped} request(s) of {path} that failed, have no prompt token ids or no generated tokens"
+        )
     if not out:
         raise ConfigError(f"{path}: no replayable request (status ok, prompt token ids and >= 1 generated token)")
     return out
@@ -91,12 +102,12 @@ def read_prompts(path: str) -> list[tuple[str, str | list[int]]]:
     return out
 
 
-def greedy_sequences(lm, prompts, tokenizer, max_tokens: int, eos_ids: tuple[int, ...]) -> list[Sequence]:
+def greedy_sequences(lm, prompts, tokenizer, max_tokens: int, eos_ids: tuple[int, ...]) -> list[TokenSequence]:
     """Greedy-decode each prompt (one at a time, prefill then decode on a KV
     cache, as serving does), stopping after an EOS id or max_tokens."""
     import torch
 
-    from .runner import new_cache
+    from .model import new_cache
 
     out = []
     for pid, prompt in prompts:
@@ -116,8 +127,17 @@ def greedy_sequences(lm, prompts, tokenizer, max_tokens: int, eos_ids: tuple[int
                     break
                 x = torch.tensor([[nxt]], device=lm.device)
         reason = "stop" if gen[-1] in eos_ids else "length"
-        out.append(Sequence(pid, np.asarray(ids, np.int64), np.asarray(gen, np.int64), _prompt_hash(prompt),
-                            -1, reason, prompt if isinstance(prompt, str) else ""))
+        out.append(
+            TokenSequence(
+                pid,
+                np.asarray(ids, np.int64),
+                np.asarray(gen, np.int64),
+                _prompt_hash(prompt),
+                -1,
+                reason,
+                prompt if isinstance(prompt, str) else "",
+            )
+        )
     return out
 
 

@@ -22,8 +22,8 @@ EOS = 2
 class Req:
     key: str
     tokens: list[int]
-    rows: dict[int, list[tuple]] = field(default_factory=dict)   # position -> [(id, lp[, logit])]
-    lp: dict[int, float] = field(default_factory=dict)           # position -> chosen logprob override
+    rows: dict[int, list[tuple]] = field(default_factory=dict)  # position -> [(id, lp[, logit])]
+    lp: dict[int, float] = field(default_factory=dict)  # position -> chosen logprob override
     cached: int = -1
     prompt: tuple[int, ...] | None = (11, 12, 13, 14)
     status: str = "ok"
@@ -46,12 +46,20 @@ def _columns(r: Req, k: int, raw: bool) -> TokenColumns:
             lgs[t, j] = c[2] if len(c) > 2 else np.nan
         mine = [c for c in cand if c[0] == tok]
         chosen[t] = mine[0][1] if mine else r.lp.get(t, -0.01)
-    return TokenColumns(np.array(r.tokens, np.int32), chosen, np.arange(n, dtype=np.float64), ids, lps,
-                        lgs if raw else None)
+    return TokenColumns(
+        np.array(r.tokens, np.int32), chosen, np.arange(n, dtype=np.float64), ids, lps, lgs if raw else None
+    )
 
 
-def write_trace(path, reqs: list[Req], k: int = 5, raw: bool = False, eos: tuple[int, ...] | None = (EOS,),
-                source: str = "http", run: dict | None = None) -> str:
+def write_trace(
+    path,
+    reqs: list[Req],
+    k: int = 5,
+    raw: bool = False,
+    eos: tuple[int, ...] | None = (EOS,),
+    source: str = "http",
+    run: dict | None = None,
+) -> str:
     run = dict(run or {})
     if eos is not None:
         run["eos_token_ids"] = list(eos)
@@ -59,17 +67,25 @@ def write_trace(path, reqs: list[Req], k: int = 5, raw: bool = False, eos: tuple
     with TraceWriter(path, meta) as w:
         for r in reqs:
             ph = r.phash if r.phash is not None else prompt_hash(list(r.prompt or ()))
-            rec = RequestRecord(key=r.key, prompt_hash=ph, status=r.status, finish_reason=r.finish,
-                                cached_tokens=r.cached, history=r.history, dtype=r.dtype,
-                                http_status=200 if r.status == "ok" else 500,
-                                error="" if r.status == "ok" else "boom")
+            rec = RequestRecord(
+                key=r.key,
+                prompt_hash=ph,
+                status=r.status,
+                finish_reason=r.finish,
+                cached_tokens=r.cached,
+                history=r.history,
+                dtype=r.dtype,
+                http_status=200 if r.status == "ok" else 500,
+                error="" if r.status == "ok" else "boom",
+            )
             w.append(rec, _columns(r, k, raw), r.prompt, flush=False)
         w.flush()
     return str(path)
 
 
-def flip(a_tok: int, b_tok: int, lp_a: float, lp_b: float, logit_a: float | None = None,
-         logit_b: float | None = None) -> list[tuple]:
+def flip(
+    a_tok: int, b_tok: int, lp_a: float, lp_b: float, logit_a: float | None = None, logit_b: float | None = None
+) -> list[tuple]:
     """A top-k row holding both candidates (a_tok first), then filler."""
     first = (a_tok, lp_a) if logit_a is None else (a_tok, lp_a, logit_a)
     second = (b_tok, lp_b) if logit_b is None else (b_tok, lp_b, logit_b)

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 import pytest
+from analyze_builders import EOS, Req, flip, write_trace
 
 from analyze import Thresholds, bf16_ulp, diff
-from analyze_builders import EOS, Req, flip, write_trace
 from tracekit.errors import AlignmentError, ConfigError
 
 BASE = [5, 6, 7, 8, 9, 10]
@@ -33,6 +33,7 @@ def with_flip(tokens, t, b_tok):
 
 # -- identical -----------------------------------------------------------------
 
+
 def test_identical_bitwise(tmp_path):
     p = one(tmp_path, Req("k", BASE), Req("k", BASE))
     assert (p.cls, p.bitwise, p.drift_max, p.drift_mean, p.vllm_close) == ("identical", True, 0.0, 0.0, True)
@@ -47,6 +48,7 @@ def test_identical_reports_drift(tmp_path):
 
 
 # -- post_eos --------------------------------------------------------------------
+
 
 def test_flip_right_after_eos_is_post_eos(tmp_path):
     a = [5, EOS, 7, 8]
@@ -79,11 +81,12 @@ def test_eos_inferred_from_stop_rows_when_metadata_has_none(tmp_path):
     r = diff(a, b)
     assert r.eos_ids == (77,) and "inferred" in r.eos_source
     assert r.by_key("k").cls == "post_eos"
-    r = diff(a, b, eos=[3])   # an explicit id replaces the inference
+    r = diff(a, b, eos=[3])  # an explicit id replaces the inference
     assert r.eos_ids == (3,) and r.by_key("k").cls == "unexplained"
 
 
 # -- bf16_tie_flip, logprobs only --------------------------------------------------
+
 
 @pytest.mark.parametrize("lp_other,expect", [(-0.625, "bf16_tie_flip"), (-0.6250001, "unexplained")])
 def test_tie_nats_boundary_is_inclusive(tmp_path, lp_other, expect):
@@ -92,7 +95,7 @@ def test_tie_nats_boundary_is_inclusive(tmp_path, lp_other, expect):
     rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.625)})
     p = one(tmp_path, ra, rb)
     assert p.cls == expect
-    assert p.gap_a == -0.5 - float(np.float32(lp_other)) and p.gap_b == 0.125   # float32 inputs, exact math
+    assert p.gap_a == -0.5 - float(np.float32(lp_other)) and p.gap_b == 0.125  # float32 inputs, exact math
     assert p.gap_a_ulp is None and p.vllm_close is True and p.topk_overlap == 1.0
 
 
@@ -104,6 +107,7 @@ def test_tie_nats_option_moves_the_boundary(tmp_path):
 
 
 # -- bf16_tie_flip, raw logits (ULPs) ---------------------------------------------
+
 
 def test_bf16_ulp_formula():
     assert bf16_ulp(np.array([1.0, 4.0, 5.9, 8.0, -8.5, 0.3])).tolist() == [2**-7, 2**-5, 2**-5, 2**-4, 2**-4, 2**-9]
@@ -143,13 +147,17 @@ def test_tie_with_large_drift_before_is_unexplained(tmp_path):
 
 # -- cache_boundary ------------------------------------------------------------------
 
-@pytest.mark.parametrize("lp_other,cached_b,expect", [
-    (-0.8, 8, "cache_boundary"),      # 0.3 nats: beyond tie, within drift
-    (-1.0, 8, "cache_boundary"),      # exactly the drift tolerance (0.5)
-    (-1.0000001, 8, "unexplained"),   # just beyond it
-    (-0.8, 16, "unexplained"),        # same boundary on both sides
-    (-0.8, -1, "unexplained"),        # B's boundary unknown: not "different"
-])
+
+@pytest.mark.parametrize(
+    "lp_other,cached_b,expect",
+    [
+        (-0.8, 8, "cache_boundary"),  # 0.3 nats: beyond tie, within drift
+        (-1.0, 8, "cache_boundary"),  # exactly the drift tolerance (0.5)
+        (-1.0000001, 8, "unexplained"),  # just beyond it
+        (-0.8, 16, "unexplained"),  # same boundary on both sides
+        (-0.8, -1, "unexplained"),  # B's boundary unknown: not "different"
+    ],
+)
 def test_cache_boundary_rule(tmp_path, lp_other, cached_b, expect):
     ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.5, lp_other)})
     rb = Req("k", with_flip(BASE, 2, 99), cached=cached_b, rows={2: flip(99, 7, -0.5, -0.6)})
@@ -165,10 +173,11 @@ def test_tie_wins_over_cache_boundary(tmp_path):
 
 # -- unexplained ------------------------------------------------------------------------
 
+
 def test_token_outside_topk_is_unexplained_and_fails_vllm_rule(tmp_path):
     p = one(tmp_path, Req("k", BASE), Req("k", with_flip(BASE, 3, 4242)))
     assert (p.cls, p.position, p.vllm_close, p.b_in_topk_a) == ("unexplained", 3, False, False)
-    assert p.gap_a == pytest.approx(9.0 - 0.01, abs=1e-6)   # lower bound: to the lowest top-k entry
+    assert p.gap_a == pytest.approx(9.0 - 0.01, abs=1e-6)  # lower bound: to the lowest top-k entry
     assert "not in A's top-k" in p.rule
 
 
@@ -181,20 +190,41 @@ def test_different_lengths_without_eos_is_unexplained(tmp_path):
 def test_different_topk_widths(tmp_path):
     """A logs top-3, B top-8: overlap is over the narrower width; B's token at A's rank 2 still counts."""
     ra = Req("k", BASE, rows={2: [(7, -0.5), (99, -0.55), (50, -3.0)]})
-    rb = Req("k", with_flip(BASE, 2, 99), rows={2: [(99, -0.5), (7, -0.55), (51, -3.0)] +
-                                                 [(60 + i, -4.0 - i) for i in range(5)]})
+    rb = Req(
+        "k",
+        with_flip(BASE, 2, 99),
+        rows={2: [(99, -0.5), (7, -0.55), (51, -3.0)] + [(60 + i, -4.0 - i) for i in range(5)]},
+    )
     p = one(tmp_path, ra, rb, k=3, kb=8)
     assert p.cls == "bf16_tie_flip" and p.topk_overlap == pytest.approx(2 / 3)
 
 
 # -- incomparable -----------------------------------------------------------------------
 
+
 def test_missing_keys_and_failures_are_incomparable(tmp_path):
-    a = write_trace(tmp_path / "a.h5", [Req("x", BASE), Req("onlya", BASE), Req("err", BASE),
-                                        Req("p", BASE), Req("plen", BASE), Req("h", BASE, prompt=None, phash="h1")])
-    b = write_trace(tmp_path / "b.h5", [Req("x", BASE), Req("onlyb", BASE), Req("err", [], status="error"),
-                                        Req("p", BASE, prompt=(11, 12, 13, 15)), Req("plen", BASE, prompt=(11, 12)),
-                                        Req("h", BASE, prompt=None, phash="h2")])
+    a = write_trace(
+        tmp_path / "a.h5",
+        [
+            Req("x", BASE),
+            Req("onlya", BASE),
+            Req("err", BASE),
+            Req("p", BASE),
+            Req("plen", BASE),
+            Req("h", BASE, prompt=None, phash="h1"),
+        ],
+    )
+    b = write_trace(
+        tmp_path / "b.h5",
+        [
+            Req("x", BASE),
+            Req("onlyb", BASE),
+            Req("err", [], status="error"),
+            Req("p", BASE, prompt=(11, 12, 13, 15)),
+            Req("plen", BASE, prompt=(11, 12)),
+            Req("h", BASE, prompt=None, phash="h2"),
+        ],
+    )
     r = diff(a, b)
     rules = {p.key: (p.cls, p.rule) for p in r.pairs}
     assert [p.key for p in r.pairs] == ["x", "onlya", "err", "p", "plen", "h", "onlyb"]
@@ -230,7 +260,7 @@ def test_thresholds_are_validated():
         Thresholds(tie_nats=0.5, drift_nats=0.1)
     with pytest.raises(ConfigError, match="tie-ulps"):
         Thresholds(tie_ulps=-1)
-    assert math.isclose(Thresholds().tie_nats, 4 * 2 ** -5)   # 4 BF16 ULPs at |logit| in [4, 8)
+    assert math.isclose(Thresholds().tie_nats, 4 * 2**-5)  # 4 BF16 ULPs at |logit| in [4, 8)
 
 
 def test_traces_without_topk_cannot_prove_a_tie(tmp_path):

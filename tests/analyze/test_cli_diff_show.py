@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from analyze_builders import EOS, Req, flip, write_trace
 
 from analyze import assert_equivalent
-from analyze_builders import EOS, Req, flip, write_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = [5, 6, 7, 8, 9]
@@ -18,14 +18,16 @@ BASE = [5, 6, 7, 8, 9]
 
 def tk(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "tracekit", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     """A real (word-level) tokenizers tokenizer: ids 5..9 are words."""
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {"<unk>": 0, "<eos>": EOS, "the": 5, "cat": 6, "sat": 7, "on": 8, "mats": 9, "dog": 99}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -40,19 +42,28 @@ def files(tmp_path_factory, tokenizer_dir):
     run = {"tokenizer": tokenizer_dir}
     tie_a, tie_b = {2: flip(7, 99, -0.5, -0.55)}, {2: flip(99, 7, -0.5, -0.55)}
     a = [Req("same", BASE), Req("tie", BASE, rows=tie_a), Req("eos", [5, EOS, 7]), Req("bug", BASE)]
-    b = [Req("same", BASE), Req("tie", [5, 6, 99, 8, 9], rows=tie_b), Req("eos", [5, EOS, 8]),
-         Req("bug", [5, 6, 7, 4242, 9])]
+    b = [
+        Req("same", BASE),
+        Req("tie", [5, 6, 99, 8, 9], rows=tie_b),
+        Req("eos", [5, EOS, 8]),
+        Req("bug", [5, 6, 7, 4242, 9]),
+    ]
     ok_b = [Req("same", BASE), Req("tie", [5, 6, 99, 8, 9], rows=tie_b), Req("eos", [5, EOS, 8]), Req("bug", BASE)]
-    return (write_trace(d / "a.h5", a, run=run), write_trace(d / "b.h5", b, run=run),
-            write_trace(d / "ok.h5", ok_b, run=run))
+    return (
+        write_trace(d / "a.h5", a, run=run),
+        write_trace(d / "b.h5", b, run=run),
+        write_trace(d / "ok.h5", ok_b, run=run),
+    )
 
 
 def test_diff_table_summary_and_exit_code(files):
     a, b, ok = files
     p = tk("diff", a, b)
     assert p.returncode == 1, p.stderr
-    assert "1/4 identical · 1 bf16_tie_flip · 1 post_eos · 0 cache_boundary · 1 unexplained · 0 incomparable" in p.stdout
-    assert "'sat'" in p.stdout and "'dog'" in p.stdout   # decoded with the run metadata's tokenizer
+    assert (
+        "1/4 identical · 1 bf16_tie_flip · 1 post_eos · 0 cache_boundary · 1 unexplained · 0 incomparable" in p.stdout
+    )
+    assert "'sat'" in p.stdout and "'dog'" in p.stdout  # decoded with the run metadata's tokenizer
     assert p.stderr == ""
     p = tk("diff", a, ok)
     assert p.returncode == 0 and "2/4 identical" in p.stdout
@@ -63,11 +74,34 @@ def test_diff_json_is_one_document_with_the_schema(files):
     p = tk("diff", a, b, "--json")
     d = json.loads(p.stdout)
     assert d["schema"] == "tracekit.diff/1" and (d["a"], d["b"]) == (a, b)
-    assert d["summary"] == {"pairs": 4, "identical": 1, "post_eos": 1, "bf16_tie_flip": 1, "cache_boundary": 0,
-                            "unexplained": 1, "incomparable": 0}
+    assert d["summary"] == {
+        "pairs": 4,
+        "identical": 1,
+        "post_eos": 1,
+        "bf16_tie_flip": 1,
+        "cache_boundary": 0,
+        "unexplained": 1,
+        "incomparable": 0,
+    }
     tie = next(x for x in d["pairs"] if x["key"] == "tie")
-    for field in ("key", "class", "position", "token_a", "token_b", "gap_a", "gap_b", "gap_a_ulp", "gap_b_ulp",
-                  "boundary_a", "boundary_b", "drift_max", "drift_mean", "topk_overlap", "rule", "vllm_close"):
+    for field in (
+        "key",
+        "class",
+        "position",
+        "token_a",
+        "token_b",
+        "gap_a",
+        "gap_b",
+        "gap_a_ulp",
+        "gap_b_ulp",
+        "boundary_a",
+        "boundary_b",
+        "drift_max",
+        "drift_mean",
+        "topk_overlap",
+        "rule",
+        "vllm_close",
+    ):
         assert field in tie
     assert (tie["class"], tie["position"], tie["token_a"], tie["token_b"]) == ("bf16_tie_flip", 2, 7, 99)
     assert tie["gap_a"] == pytest.approx(0.05, abs=1e-6) and tie["vllm_close"] is True
@@ -80,7 +114,7 @@ def test_diff_markdown_and_only(files):
     a, b, _ = files
     p = tk("diff", a, b, "--markdown", "--only", "unexplained")
     assert p.stdout.startswith("**tracekit diff**: 1/4 identical")
-    rows = [l for l in p.stdout.splitlines() if l.startswith("| ")]
+    rows = [line for line in p.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 2 and "bug" in rows[1] and "unexplained" in rows[1]
     assert p.returncode == 1
 
@@ -100,11 +134,14 @@ def test_diff_errors_and_usage(files, tmp_path):
 
 def test_diff_does_not_import_torch(files):
     a, b, _ = files
-    code = ("import sys\nfrom tracekit.cli import main\ntry:\n    main(['diff', %r, %r, '--json'])\n"
-            "except SystemExit:\n    pass\nprint('torch' in sys.modules, 'aiohttp' in sys.modules, "
-            "'transformers' in sys.modules, file=sys.stderr)") % (a, b)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": ROOT})
+    code = (
+        "import sys\nfrom tracekit.cli import main\ntry:\n    main(['diff', %r, %r, '--json'])\n"
+        "except SystemExit:\n    pass\nprint('torch' in sys.modules, 'aiohttp' in sys.modules, "
+        "'transformers' in sys.modules, file=sys.stderr)"
+    ) % (a, b)
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}
+    )
     assert p.stderr.strip().splitlines()[-1] == "False False False"
 
 

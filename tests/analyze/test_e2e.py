@@ -20,15 +20,21 @@ import pytest
 from tracekit.engine.process import start_engine
 
 ROOT = Path(__file__).resolve().parents[2]
-PROMPTS = ROOT / "fixtures" / "prompts" / "cpu_small.jsonl"   # 8 prompts of different lengths, shared prefix
+PROMPTS = ROOT / "fixtures" / "prompts" / "cpu_small.jsonl"  # 8 prompts of different lengths, shared prefix
 MODEL = ROOT / "fixtures" / "models" / "tiny"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 pytestmark = pytest.mark.slow
 
 
 def tk(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=ENV, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=ROOT,
+    )
 
 
 def capture_pair(tmp: Path, name: str, *engine_args: str) -> tuple[Path, Path]:
@@ -37,8 +43,19 @@ def capture_pair(tmp: Path, name: str, *engine_args: str) -> tuple[Path, Path]:
     with start_engine(["--threads", "1", "--slots", "8", *engine_args]) as eng:
         for mode, c in (("concurrent", 8), ("serial", 1)):
             out[mode] = tmp / f"{name}_{mode}.h5"
-            p = tk("capture", "--http", eng.url, "--prompts", PROMPTS, "--out", out[mode], "--concurrency", c,
-                   "--ignore-eos", "--json")
+            p = tk(
+                "capture",
+                "--http",
+                eng.url,
+                "--prompts",
+                PROMPTS,
+                "--out",
+                out[mode],
+                "--concurrency",
+                c,
+                "--ignore-eos",
+                "--json",
+            )
             assert p.returncode == 0, p.stderr
     return out["serial"], out["concurrent"]
 
@@ -82,8 +99,21 @@ def test_bf16_prefix_reuse_divergence_is_classified_with_evidence(tmp_path):
     assert {c["id"] for c in s["b"]["topk_at_position"]} >= {p["token_a"], p["token_b"]}
     # The teacher-forced cross-check gives each divergent pair a verdict, and changes no class.
     diag = tmp_path / "diag.h5"
-    g = tk("capture", "--teacher-forced", MODEL, "--from", serial, "--keys", p["key"], "--history",
-           "full,prefix:auto,decode", "--dtype", "fp32,bf16", "--out", diag)
+    g = tk(
+        "capture",
+        "--teacher-forced",
+        MODEL,
+        "--from",
+        serial,
+        "--keys",
+        p["key"],
+        "--history",
+        "full,prefix:auto,decode",
+        "--dtype",
+        "fp32,bf16",
+        "--out",
+        diag,
+    )
     assert g.returncode == 0, g.stderr
     rc2, d2 = diff_json(serial, conc, "--teacher-forced", diag)
     pair = next(x for x in d2["pairs"] if x["key"] == p["key"])
@@ -96,5 +126,5 @@ def test_injected_fault_is_unexplained_and_exits_1(fp32, tmp_path):
     rc, d = diff_json(serial, faulty)
     assert rc == 1 and d["summary"]["unexplained"] >= 1
     bad = [p for p in d["pairs"] if p["class"] == "unexplained"]
-    assert all(p["boundary_a"] and p["boundary_b"] for p in bad)   # every corrupted pair reused a prefix
+    assert all(p["boundary_a"] and p["boundary_b"] for p in bad)  # every corrupted pair reused a prefix
     assert tk("diff", serial, faulty).returncode == 1

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from analyze_builders import Req, flip, write_trace
 
 from analyze import diff
-from analyze_builders import Req, flip, write_trace
 from tracekit.errors import AlignmentError, ConfigError
 
 A = [5, 6, 7, 8]
@@ -17,8 +17,16 @@ def _diag_rows(key, tokens, argmax_by_config):
     out = []
     for (hist, dt), top in argmax_by_config.items():
         other = 99 if top == 7 else 7
-        out.append(Req(key, tokens, history=hist, dtype=dt, cached=2 if hist.startswith("prefix") else 0,
-                       rows={2: flip(top, other, -0.6, -0.8, 4.0, 3.9)}))
+        out.append(
+            Req(
+                key,
+                tokens,
+                history=hist,
+                dtype=dt,
+                cached=2 if hist.startswith("prefix") else 0,
+                rows={2: flip(top, other, -0.6, -0.8, 4.0, 3.9)},
+            )
+        )
     return out
 
 
@@ -29,7 +37,7 @@ def traces(tmp_path):
     b = write_trace(tmp_path / "b.h5", [Req(k, B, rows=tie_b) for k in ("rep", "norep", "nodiag", "other")])
     rows = _diag_rows("rep", A, {("full", "fp32"): 7, ("full", "bf16"): 7, ("prefix:2", "bf16"): 99})
     rows += _diag_rows("norep", A, {("full", "fp32"): 7, ("full", "bf16"): 7, ("prefix:2", "bf16"): 7})
-    rows += _diag_rows("other", [5, 1, 7, 8], {("full", "fp32"): 99})   # replays other tokens before t
+    rows += _diag_rows("other", [5, 1, 7, 8], {("full", "fp32"): 99})  # replays other tokens before t
     d = write_trace(tmp_path / "diag.h5", rows, raw=True, source="teacher_forced")
     return a, b, d
 
@@ -50,8 +58,12 @@ def test_history_that_differs_from_full_counts_as_reproduced(tmp_path):
     """prefix:2 bf16 picks a third token: it flips relative to full bf16, even though not to B's token."""
     a = write_trace(tmp_path / "a.h5", [Req("k", A, rows={2: flip(7, 99, -0.5, -0.55)})])
     b = write_trace(tmp_path / "b.h5", [Req("k", B, rows={2: flip(99, 7, -0.5, -0.55)})])
-    d = write_trace(tmp_path / "d.h5", _diag_rows("k", A, {("full", "bf16"): 7, ("prefix:2", "bf16"): 50}),
-                    raw=True, source="teacher_forced")
+    d = write_trace(
+        tmp_path / "d.h5",
+        _diag_rows("k", A, {("full", "bf16"): 7, ("prefix:2", "bf16"): 50}),
+        raw=True,
+        source="teacher_forced",
+    )
     assert diff(a, b, teacher=d).by_key("k").teacher == "reproduced by prefix:2 bf16 (0/2 pick B's token, 1/2 A's)"
 
 
@@ -60,8 +72,12 @@ def test_diff_against_teacher_forced_rows_needs_a_selection(traces):
     with pytest.raises(AlignmentError, match="history=full,dtype=fp32.*--b-select"):
         diff(a, d)
     r = diff(a, d, b_select="history=full,dtype=bf16")
-    assert {p.key: p.cls for p in r.pairs} == {"rep": "identical", "norep": "identical",
-                                              "nodiag": "incomparable", "other": "incomparable"}
+    assert {p.key: p.cls for p in r.pairs} == {
+        "rep": "identical",
+        "norep": "identical",
+        "nodiag": "incomparable",
+        "other": "incomparable",
+    }
     # Two histories of the same diagnostic file: compared by what each predicts (its top-1),
     # not by the replayed tokens, which are the same in every history.
     r = diff(d, d, a_select="history=full,dtype=bf16", b_select="history=prefix:2,dtype=bf16")
@@ -78,6 +94,7 @@ def test_diff_against_teacher_forced_rows_needs_a_selection(traces):
 
 def test_show_compares_teacher_forced_histories_by_top1(traces):
     from analyze.show import drill
+
     _, _, d = traces
     out = drill(d, d, "rep", a_select="history=full,dtype=bf16", b_select="history=prefix:2,dtype=bf16")
     assert out["first_difference"] == 2 and out["position"] == 2

@@ -9,13 +9,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from capture.http import CaptureConfig, run_capture  # noqa: E402
 from capture_helpers import write_prompts  # noqa: E402
+
+from capture.capture_run import CaptureConfig, run_capture  # noqa: E402
 
 
 @pytest.fixture
 def capture_to(tmp_path):
     """capture_to(url, prompts, **options) -> (summary, out path)."""
+
     def run(url, prompts, name="run.h5", **kw):
         pfile = write_prompts(tmp_path / (name + ".jsonl"), prompts)
         out = tmp_path / name
@@ -23,4 +25,5 @@ def capture_to(tmp_path):
         kw.setdefault("max_tokens", 12)
         kw.setdefault("progress", False)
         return run_capture(CaptureConfig(url=url, prompts=pfile, out=str(out), **kw)), out
+
     return run

@@ -49,7 +49,7 @@ def _dechunk(data: bytes) -> bytes:
         size = int(data[i:j], 16)
         if size == 0:
             break
-        out += data[j + 2:j + 2 + size]
+        out += data[j + 2 : j + 2 + size]
         i = j + 2 + size + 2
     return out
 
@@ -80,8 +80,8 @@ class ReplayServer:
 
     def __init__(self, routes: dict, seed: int = 0, max_piece: int = 97, stall_s: float = 30.0):
         self.routes, self.seed, self.max_piece, self.stall_s = routes, seed, max_piece, stall_s
-        self.requests: list[dict] = []     # every POST body and its Authorization header
-        self.armed = True                  # False: FAULT: prompts are served normally
+        self.requests: list[dict] = []  # every POST body and its Authorization header
+        self.armed = True  # False: FAULT: prompts are served normally
         self._n = 0
 
     # -- lifecycle: a thread with its own loop -------------------------------
@@ -128,21 +128,22 @@ class ReplayServer:
                 body = json.loads(raw)
             except ValueError:
                 return web.json_response({"error": {"message": "bad json", "code": 500}}, status=500)
-            self.requests.append({"path": request.path, "body": body,
-                                  "auth": request.headers.get("Authorization")})
+            self.requests.append({"path": request.path, "body": body, "auth": request.headers.get("Authorization")})
         t = self._pick(request, body)
         if t is None:
             return web.json_response({"error": {"message": f"no route {request.path}"}}, status=404)
         text = _prompt_text(body)
         fault = text.split(":", 1)[1].split()[0] if text.startswith("FAULT:") and self.armed else ""
         if fault == "500":
-            return web.json_response({"error": {"message": "injected failure", "type": "server_error",
-                                                "code": 500}}, status=500)
+            return web.json_response(
+                {"error": {"message": "injected failure", "type": "server_error", "code": 500}}, status=500
+            )
         self._n += 1
         rng = random.Random(self.seed * 1000 + self._n)
         # The recorded headers, minus framing (aiohttp frames the re-chunked body itself).
-        heads = {k: v for k, v in t.headers.items()
-                 if k not in ("content-length", "transfer-encoding", "connection", "date")}
+        heads = {
+            k: v for k, v in t.headers.items() if k not in ("content-length", "transfer-encoding", "connection", "date")
+        }
         resp = web.StreamResponse(status=t.status, headers=heads)
         await resp.prepare(request)
         payload = self._faulted(t, fault)
@@ -154,12 +155,12 @@ class ReplayServer:
         if fault == "stall":
             await asyncio.sleep(self.stall_s)
         if fault == "cut":
-            request.transport.close()           # FIN without the last chunk
+            request.transport.close()  # FIN without the last chunk
             return resp
         if fault == "reset":
             sock = request.transport.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            request.transport.abort()           # RST
+            request.transport.abort()  # RST
             return resp
         try:
             await resp.write_eof()
@@ -173,16 +174,21 @@ class ReplayServer:
             whole = b"".join(ev[:2])
             return whole + ev[2][: len(ev[2]) // 2]
         if fault == "nodone":
-            return b"".join(e for e in ev if b"[DONE]" not in e and b'"stop":true' not in e
-                            and b'"details":{' not in e)
+            return b"".join(e for e in ev if b"[DONE]" not in e and b'"stop":true' not in e and b'"details":{' not in e)
         if fault == "badjson":
             return b"".join(ev[:2]) + b'data: {"choices": [{"text": "x", \n\n' + b"".join(ev[3:])
         if fault == "badshape":  # valid JSON, but a logprobs entry without its logprob
-            return b"".join(ev[:2]) + b'data: {"choices": [{"index": 0, "logprobs": {"content": [{"token": "x"}]}}]}\n\n' \
+            return (
+                b"".join(ev[:2])
+                + b'data: {"choices": [{"index": 0, "logprobs": {"content": [{"token": "x"}]}}]}\n\n'
                 + b"".join(ev[2:])
+            )
         if fault == "errorevent":
-            return b"".join(ev[:2]) + b'data: {"error": {"message": "injected engine error", "code": 500}}\n\n' \
+            return (
+                b"".join(ev[:2])
+                + b'data: {"error": {"message": "injected engine error", "code": 500}}\n\n'
                 + b"data: [DONE]\n\n"
+            )
         return t.body
 
 
@@ -190,7 +196,7 @@ def _split(data: bytes, rng: random.Random, max_piece: int) -> list[bytes]:
     out, i = [], 0
     while i < len(data):
         n = rng.randint(1, max_piece)
-        out.append(data[i:i + n])
+        out.append(data[i : i + n])
         i += n
     return out
 
@@ -199,31 +205,53 @@ def routes_for(engine: str) -> dict:
     """The replay routes of one engine's transcripts."""
     L = load
     if engine == "llamacpp":
-        return {("GET", "/v1/models"): L("llamacpp-server__v1-models.http"),
-                ("GET", "/health"): L("llamacpp-server__health.http"),
-                ("GET", "/slots"): L("llamacpp-server__slots.http"),
-                ("GET", "/props"): L("llamacpp-server__props.http"),
-                ("POST", "/completion"): {"stream": L("llamacpp-server__completion__stream.http"),
-                                          "nonstream": L("llamacpp-server__completion__nonstream.http")},
-                ("POST", "/v1/completions"): {"stream": L("llamacpp-server__v1-completions__stream.http"),
-                                              "nonstream": L("llamacpp-server__v1-completions__nonstream.http")},
-                ("POST", "/v1/chat/completions"): {
-                    "stream": L("llamacpp-server__v1-chat-completions__stream.http"),
-                    "nonstream": L("llamacpp-server__v1-chat-completions__nonstream.http")}}
+        return {
+            ("GET", "/v1/models"): L("llamacpp-server__v1-models.http"),
+            ("GET", "/health"): L("llamacpp-server__health.http"),
+            ("GET", "/slots"): L("llamacpp-server__slots.http"),
+            ("GET", "/props"): L("llamacpp-server__props.http"),
+            ("POST", "/completion"): {
+                "stream": L("llamacpp-server__completion__stream.http"),
+                "nonstream": L("llamacpp-server__completion__nonstream.http"),
+            },
+            ("POST", "/v1/completions"): {
+                "stream": L("llamacpp-server__v1-completions__stream.http"),
+                "nonstream": L("llamacpp-server__v1-completions__nonstream.http"),
+            },
+            ("POST", "/v1/chat/completions"): {
+                "stream": L("llamacpp-server__v1-chat-completions__stream.http"),
+                "nonstream": L("llamacpp-server__v1-chat-completions__nonstream.http"),
+            },
+        }
     if engine == "llama-cpp-python":
-        return {("GET", "/v1/models"): L("llama-cpp-python__v1-models.http"),
-                ("POST", "/v1/completions"): {"stream": L("llama-cpp-python__v1-completions__stream.http"),
-                                              "nonstream": L("llama-cpp-python__v1-completions__nonstream.http")}}
+        return {
+            ("GET", "/v1/models"): L("llama-cpp-python__v1-models.http"),
+            ("POST", "/v1/completions"): {
+                "stream": L("llama-cpp-python__v1-completions__stream.http"),
+                "nonstream": L("llama-cpp-python__v1-completions__nonstream.http"),
+            },
+        }
     if engine == "vllm":
-        return {("GET", "/v1/models"): L("vllm__v1-models.http"),
-                ("POST", "/v1/completions"): {"stream": L("vllm__v1-completions__stream.http"),
-                                              "nonstream": L("vllm__v1-completions__nonstream.http")}}
+        return {
+            ("GET", "/v1/models"): L("vllm__v1-models.http"),
+            ("POST", "/v1/completions"): {
+                "stream": L("vllm__v1-completions__stream.http"),
+                "nonstream": L("vllm__v1-completions__nonstream.http"),
+            },
+        }
     if engine == "sglang":
-        return {("GET", "/v1/models"): L("sglang__v1-models.http"),
-                ("POST", "/generate"): {"stream": L("sglang__generate__stream.http"),
-                                        "nonstream": L("sglang__generate__nonstream.http")}}
+        return {
+            ("GET", "/v1/models"): L("sglang__v1-models.http"),
+            ("POST", "/generate"): {
+                "stream": L("sglang__generate__stream.http"),
+                "nonstream": L("sglang__generate__nonstream.http"),
+            },
+        }
     if engine == "tgi":
-        return {("GET", "/v1/models"): L("tgi__v1-models.http"), ("GET", "/info"): L("tgi__info.http"),
-                ("POST", "/generate"): L("tgi__generate__nonstream.http"),
-                ("POST", "/generate_stream"): L("tgi__generate_stream__stream.http")}
+        return {
+            ("GET", "/v1/models"): L("tgi__v1-models.http"),
+            ("GET", "/info"): L("tgi__info.http"),
+            ("POST", "/generate"): L("tgi__generate__nonstream.http"),
+            ("POST", "/generate_stream"): L("tgi__generate_stream__stream.http"),
+        }
     raise KeyError(engine)

@@ -8,9 +8,9 @@ import json
 
 import numpy as np
 import pytest
-
 from capture_helpers import TOKENIZER
 from replay import ReplayServer, load, routes_for
+
 from tracekit.store import TraceReader
 
 # The 12 tokens every transcript holds (llama-server's /completion recording).
@@ -36,9 +36,14 @@ CASES = [  # engine, dialect (auto must find it unless None), prompt, expected c
 def test_dialect_columns(capture_to, engine, dialect, prompt, cached, stream):
     auto = dialect in ("llamacpp", "vllm", "sglang", "tgi") or engine == "llama-cpp-python"
     with ReplayServer(routes_for(engine), seed=hash((engine, dialect)) % 1000) as srv:
-        s, out = capture_to(srv.url, [{"id": "a", "prompt": prompt}, {"id": "b", "prompt": prompt}],
-                            dialect="auto" if auto else dialect, stream=stream, tokenizer=TOKENIZER,
-                            concurrency=2)
+        s, out = capture_to(
+            srv.url,
+            [{"id": "a", "prompt": prompt}, {"id": "b", "prompt": prompt}],
+            dialect="auto" if auto else dialect,
+            stream=stream,
+            tokenizer=TOKENIZER,
+            concurrency=2,
+        )
     assert s.counts["ok"] == 2 and s.failed == 0 and s.dialect == dialect
     with TraceReader(out) as r:
         assert r.meta.run["dialect"] == dialect and r.meta.run["dialect_reason"]
@@ -54,7 +59,9 @@ def test_dialect_columns(capture_to, engine, dialect, prompt, cached, stream):
             else:
                 assert tok.token_id.tolist() == IDS
                 assert tok.topk_id[:, 1].tolist() == TOP1
-                np.testing.assert_allclose(tok.logprob, [e["logprob"] for e in _SRC], atol=2e-5)  # engines agree to ~1e-5
+                np.testing.assert_allclose(
+                    tok.logprob, [e["logprob"] for e in _SRC], atol=2e-5
+                )  # engines agree to ~1e-5
             assert np.all(np.diff(tok.t_arrival_s) >= 0)
             assert rec.t_sent_s <= rec.t_first_token_s <= rec.t_done_s
             assert rec.finish_reason == "length"

@@ -26,9 +26,29 @@ def engine():
 
 
 def _capture(url: str, out: Path, concurrency: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tracekit", "capture", "--http", url, "--prompts", str(PROMPTS),
-                           "--out", str(out), "--concurrency", str(concurrency), "--ignore-eos", "--json", *extra],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tracekit",
+            "capture",
+            "--http",
+            url,
+            "--prompts",
+            str(PROMPTS),
+            "--out",
+            str(out),
+            "--concurrency",
+            str(concurrency),
+            "--ignore-eos",
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
 
 
 @pytest.mark.slow
@@ -67,9 +87,13 @@ def test_serial_and_concurrent_captures_agree_in_fp32(engine, tmp_path):
             for r, t in ((ra, ta), (rb, tb)):
                 assert r.t_sent_s < r.t_first_token_s <= r.t_done_s
                 assert np.all(np.diff(t.t_arrival_s) >= 0) and t.t_arrival_s[-1] <= r.t_done_s
-    d = subprocess.run([sys.executable, "-m", "tracekit", "diff", str(runs["serial"]), str(runs["concurrent"]),
-                        "--json"], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    d = subprocess.run(
+        [sys.executable, "-m", "tracekit", "diff", str(runs["serial"]), str(runs["concurrent"]), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     if d.returncode == 2 and "No such command" in d.stderr:
         pytest.skip("tracekit diff not available")
     summary = json.loads(d.stdout)["summary"]
@@ -88,7 +112,7 @@ def test_repeats_and_poisson_arrivals(engine, tmp_path):
         assert len(keys) == 2 * n and all("#r0" in k or "#r1" in k for k in keys)
         assert r.meta.run["arrival"] == {"poisson_rate_per_s": 40.0, "seed": 0}
         sent = np.sort(r.requests.t_sent_s)
-        assert sent[-1] - sent[0] > 0.05   # not a burst
+        assert sent[-1] - sent[0] > 0.05  # not a burst
         # The prompt file's per-request max_tokens (32) wins over the command line's default.
         assert all(len(r.tokens(i)) == 32 for i in range(len(r)))
         a, b = r.requests.index_by_key()["c0#r0"], r.requests.index_by_key()["c0#r1"]
@@ -100,14 +124,33 @@ def test_api_key_against_the_engine(tmp_path):
     """The engine requires a key: without one the capture stops with a one-line error (exit 3);
     with --api-key-env it captures, and the key is nowhere in the file."""
     key = "tk-e2e-7c1f0a9d42SECRET"
-    with start_engine(["--threads", "1", "--slots", "2", "--api-key-env", "TK_E2E_KEY"],
-                      env=dict(os.environ, TK_E2E_KEY=key)) as eng:
+    with start_engine(
+        ["--threads", "1", "--slots", "2", "--api-key-env", "TK_E2E_KEY"], env=dict(os.environ, TK_E2E_KEY=key)
+    ) as eng:
         p = _capture(eng.url, tmp_path / "nokey.h5", 2)
         assert p.returncode == 3 and "API key" in p.stderr and "Traceback" not in p.stderr
         out = tmp_path / "key.h5"
-        p = subprocess.run([sys.executable, "-m", "tracekit", "capture", "--http", eng.url, "--prompts",
-                            str(PROMPTS), "--out", str(out), "--api-key-env", "TK_E2E_KEY", "--max-tokens", "2"],
-                           capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT), TK_E2E_KEY=key))
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tracekit",
+                "capture",
+                "--http",
+                eng.url,
+                "--prompts",
+                str(PROMPTS),
+                "--out",
+                str(out),
+                "--api-key-env",
+                "TK_E2E_KEY",
+                "--max-tokens",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), TK_E2E_KEY=key),
+        )
         assert p.returncode == 0, p.stderr
     assert key.encode() not in out.read_bytes() and b"SECRET" not in out.read_bytes()

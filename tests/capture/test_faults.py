@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from capture_helpers import write_prompts
 from replay import ReplayServer, routes_for
+
 from tracekit.store import TraceReader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +57,9 @@ def test_faults_in_a_burst(capture_to, concurrency):
 def test_no_final_event_is_an_error_without_done_marker(capture_to):
     """llama.cpp's /completion has no [DONE]: a stream without its `stop: true` event is cut."""
     with ReplayServer(routes_for("llamacpp")) as srv:
-        s, out = capture_to(srv.url, [{"id": "x", "prompt": "FAULT:nodone"}, {"id": "y", "prompt": "fine"}],
-                            dialect="llamacpp")
+        s, out = capture_to(
+            srv.url, [{"id": "x", "prompt": "FAULT:nodone"}, {"id": "y", "prompt": "fine"}], dialect="llamacpp"
+        )
     with TraceReader(out) as r:
         rec = {r.requests.key[i]: r.record(i) for i in range(len(r))}
     assert rec["x"].status == "error" and "final event" in rec["x"].error
@@ -90,13 +91,33 @@ def test_api_key_goes_out_as_bearer_and_never_into_the_file(tmp_path):
     out = tmp_path / "k.h5"
     env = dict(os.environ, MY_KEY=key, PYTHONPATH=str(ROOT))
     with ReplayServer(routes_for("vllm")) as srv:
-        p = subprocess.run([sys.executable, "-m", "tracekit", "capture", "--http", srv.url, "--prompts", pf,
-                            "--out", str(out), "--api-key-env", "MY_KEY", "--top-logprobs", "5", "--json"],
-                           env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tracekit",
+                "capture",
+                "--http",
+                srv.url,
+                "--prompts",
+                pf,
+                "--out",
+                str(out),
+                "--api-key-env",
+                "MY_KEY",
+                "--top-logprobs",
+                "5",
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         auths = {q["auth"] for q in srv.requests}
     assert auths == {f"Bearer {key}"}
-    assert p.returncode == 1, p.stderr          # one request failed
-    summary = json.loads(p.stdout)              # stdout: exactly one JSON document
+    assert p.returncode == 1, p.stderr  # one request failed
+    summary = json.loads(p.stdout)  # stdout: exactly one JSON document
     assert summary["counts"] == {"ok": 1, "error": 1, "timeout": 0, "cancelled": 0}
     data = out.read_bytes()
     assert key.encode() not in data and b"SECRET" not in data
@@ -109,9 +130,27 @@ def test_interrupt_leaves_cancelled_rows(tmp_path):
     pf = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "s", "prompt": "FAULT:stall"}])
     out = tmp_path / "c.h5"
     with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
-        p = subprocess.Popen([sys.executable, "-m", "tracekit", "capture", "--http", srv.url, "--prompts", pf,
-                              "--out", str(out), "--concurrency", "2", "--top-logprobs", "5"],
-                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tracekit",
+                "capture",
+                "--http",
+                srv.url,
+                "--prompts",
+                pf,
+                "--out",
+                str(out),
+                "--concurrency",
+                "2",
+                "--top-logprobs",
+                "5",
+            ],
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 30
         while len(srv.requests) < 2 and time.time() < deadline:
             time.sleep(0.05)
@@ -129,8 +168,22 @@ def test_sigkill_then_resume(tmp_path):
     prompts = [{"id": f"a{i}", "prompt": "x"} for i in range(3)] + [{"id": "s", "prompt": "FAULT:stall"}]
     pf = write_prompts(tmp_path / "p.jsonl", prompts)
     out = tmp_path / "k.h5"
-    cmd = [sys.executable, "-m", "tracekit", "capture", "--http", "", "--prompts", pf, "--out", str(out),
-           "--concurrency", "4", "--top-logprobs", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tracekit",
+        "capture",
+        "--http",
+        "",
+        "--prompts",
+        pf,
+        "--out",
+        str(out),
+        "--concurrency",
+        "4",
+        "--top-logprobs",
+        "5",
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
         cmd[5] = srv.url
@@ -138,7 +191,7 @@ def test_sigkill_then_resume(tmp_path):
         deadline = time.time() + 30
         while len(srv.requests) < 4 and time.time() < deadline:
             time.sleep(0.05)
-        time.sleep(0.7)   # the three quick requests complete and are flushed
+        time.sleep(0.7)  # the three quick requests complete and are flushed
         p.kill()
         p.wait(10)
         with TraceReader(out) as r:

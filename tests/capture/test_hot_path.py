@@ -10,9 +10,18 @@ from capture.dialects import Acc, get
 
 
 def _event(i: int, keys: list[str], lps: list[float], **extra) -> dict:
-    ch = {"index": 0, "text": "x", "logprobs": {"text_offset": [i], "token_logprobs": [lps[0]],
-                                                "tokens": [keys[0]], "top_logprobs": [dict(zip(keys, lps))]},
-          "finish_reason": None, "token_ids": [100 + i]}
+    ch = {
+        "index": 0,
+        "text": "x",
+        "logprobs": {
+            "text_offset": [i],
+            "token_logprobs": [lps[0]],
+            "tokens": [keys[0]],
+            "top_logprobs": [dict(zip(keys, lps))],
+        },
+        "finish_reason": None,
+        "token_ids": [100 + i],
+    }
     ch.update(extra.pop("choice", {}))
     return {"id": "c", "object": "text_completion", "choices": [ch], "usage": None, **extra}
 
@@ -36,8 +45,13 @@ def _stream(kind: str) -> list[dict]:
         if i == 11:
             extra["choice"] = {"finish_reason": "length"}
         evs.append(_event(i, keys, lps, **extra))
-    evs.append({"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 12,
-                                                    "prompt_tokens_details": {"cached_tokens": 2}}})
+    evs.append(
+        {
+            "id": "c",
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 12, "prompt_tokens_details": {"cached_tokens": 2}},
+        }
+    )
     return evs
 
 
@@ -51,8 +65,11 @@ def test_hot_path_matches_general_path(kind):
         d.parse_event(ev, fast, 0.5 * j)
         d._parse_general(ev, slow, 0.5 * j)
         d._parse_general(ev, dicts, 0.5 * j)
-    assert (fast.finish_reason, fast.cached_tokens, fast.prompt_len, fast.prompt_ids) == \
-        (slow.finish_reason, slow.cached_tokens, slow.prompt_len, slow.prompt_ids) == ("length", 2, 3, [1, 2, 3])
+    assert (
+        (fast.finish_reason, fast.cached_tokens, fast.prompt_len, fast.prompt_ids)
+        == (slow.finish_reason, slow.cached_tokens, slow.prompt_len, slow.prompt_ids)
+        == ("length", 2, 3, [1, 2, 3])
+    )
     mapper = (lambda strs: [len(s) for s in strs]) if kind in ("strings", "mixed") else None
     a, b, c = (x.columns(4, False, mapper) for x in (fast, slow, dicts))
     assert dicts.top_keys is None and (slow.top_maps is None) == (kind in ("token_ids", "ragged"))

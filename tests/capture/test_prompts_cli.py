@@ -9,27 +9,30 @@ import sys
 from pathlib import Path
 
 import pytest
+from capture_helpers import TOKENIZER, write_prompts
+from replay import ReplayServer, routes_for
 
 from capture.prompts import load_prompts
 from capture.tokens import TokenMapper
-from capture_helpers import TOKENIZER, write_prompts
-from replay import ReplayServer, routes_for
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("line,msg", [
-    ('{"prompt": "x"}', "'id' must be a non-empty string"),
-    ('{"id": "a#1", "prompt": "x"}', "marks repeats"),
-    ('{"id": "a", "prompt": []}', "list must hold non-negative token ids"),
-    ('{"id": "a", "prompt": 3}', "non-empty string or a list"),
-    ('{"id": "a", "prompt": "x", "max_token": 3}', "unknown field(s) ['max_token']"),
-    ('{"id": "a", "prompt": "x", "max_tokens": true}', "'max_tokens' has the wrong type"),
-    ('{"id": "a", "prompt": "x"', "not valid JSON"),
-    ('[1, 2]', "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line,msg",
+    [
+        ('{"prompt": "x"}', "'id' must be a non-empty string"),
+        ('{"id": "a#1", "prompt": "x"}', "marks repeats"),
+        ('{"id": "a", "prompt": []}', "list must hold non-negative token ids"),
+        ('{"id": "a", "prompt": 3}', "non-empty string or a list"),
+        ('{"id": "a", "prompt": "x", "max_token": 3}', "unknown field(s) ['max_token']"),
+        ('{"id": "a", "prompt": "x", "max_tokens": true}', "'max_tokens' has the wrong type"),
+        ('{"id": "a", "prompt": "x"', "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
 def test_bad_prompt_lines_are_one_line_errors_with_the_line_number(tmp_path, line, msg):
     p = tmp_path / "p.jsonl"
     p.write_text('{"id": "ok", "prompt": "x"}\n' + line + "\n")
@@ -50,8 +53,9 @@ def test_duplicates_and_empty_sets(tmp_path):
 
 def test_overrides_and_extra(tmp_path):
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 4, "extra": {"seed": 3},
-                             "meta": {"n": 2}}) + "\n")
+    p.write_text(
+        json.dumps({"id": "a", "prompt": [1, 2], "max_tokens": 4, "extra": {"seed": 3}, "meta": {"n": 2}}) + "\n"
+    )
     (a,) = load_prompts(p)
     assert a.prompt == [1, 2] and a.overrides == {"max_tokens": 4} and a.extra == {"seed": 3}
 
@@ -65,8 +69,13 @@ def test_token_strings_map_through_byte_level_bpe():
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "tracekit", "capture", *args], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit", "capture", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+    )
 
 
 def test_cli_errors(tmp_path):
@@ -76,8 +85,16 @@ def test_cli_errors(tmp_path):
     p = _cli("--http", "http://127.0.0.1:9", "--prompts", pf, "--out", str(tmp_path / "o.h5"))
     assert p.returncode == 3 and p.stderr.startswith("Error: ") and "unreachable" in p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
-    p = _cli("--http", "http://127.0.0.1:9", "--prompts", pf, "--out", str(tmp_path / "o.h5"),
-             "--api-key-env", "TRACEKIT_TEST_UNSET_VAR")
+    p = _cli(
+        "--http",
+        "http://127.0.0.1:9",
+        "--prompts",
+        pf,
+        "--out",
+        str(tmp_path / "o.h5"),
+        "--api-key-env",
+        "TRACEKIT_TEST_UNSET_VAR",
+    )
     assert p.returncode == 3 and "TRACEKIT_TEST_UNSET_VAR" in p.stderr
     p = _cli("--http", "http://127.0.0.1:9", "--prompts", pf, "--out", str(tmp_path / "o.h5"), "--arrival", "x")
     assert p.returncode == 3 and "poisson:RATE" in p.stderr

@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from replay import load
 
 from capture.sse import SSEDecoder, SSEEvent
-
-from replay import load
 
 
 def feed_all(data: bytes, cuts: list[int]) -> tuple[list[SSEEvent], SSEDecoder]:
@@ -21,7 +20,7 @@ def feed_all(data: bytes, cuts: list[int]) -> tuple[list[SSEEvent], SSEDecoder]:
 
 def test_every_split_point_gives_the_same_events():
     """Events split across network chunks, including inside a UTF-8 character and a CRLF."""
-    data = "data: {\"t\": \"é€😀\"}\r\n\r\n: ping\r\ndata: a\r\ndata: b\r\n\r\nevent: error\ndata: x\n\n".encode()
+    data = 'data: {"t": "é€😀"}\r\n\r\n: ping\r\ndata: a\r\ndata: b\r\n\r\nevent: error\ndata: x\n\n'.encode()
     whole, _ = feed_all(data, [])
     assert whole == [SSEEvent('{"t": "é€😀"}'), SSEEvent("a\nb"), SSEEvent("x", "error")]
     for i in range(1, len(data)):
@@ -46,9 +45,14 @@ def test_partial_event_is_reported():
     assert dec2.partial
 
 
-@pytest.mark.parametrize("name", ["llamacpp-server__v1-chat-completions__stream.http",
-                                  "llama-cpp-python__v1-completions__stream.http",
-                                  "tgi__generate_stream__stream.http"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llamacpp-server__v1-chat-completions__stream.http",
+        "llama-cpp-python__v1-completions__stream.http",
+        "tgi__generate_stream__stream.http",
+    ],
+)
 def test_recorded_streams_at_random_boundaries(name):
     body = load(name).body
     want, _ = feed_all(body, [])
@@ -76,7 +80,7 @@ def as_data(events: list[SSEEvent]) -> list:
 FAST_PATH_STREAMS = [
     # The engine shape, then everything that leaves the fast path mid-stream and comes back.
     b'data: {"a": 1}\n\ndata:{"b": 2}\n\n: ping\n\ndata: [DONE]\n\n',
-    "data: {\"t\": \"é€😀\"}\n\ndata: a\ndata: b\n\nevent: error\ndata: x\n\ndata: y\n\n".encode(),
+    'data: {"t": "é€😀"}\n\ndata: a\ndata: b\n\nevent: error\ndata: x\n\ndata: y\n\n'.encode(),
     b"data: 1\r\n\r\ndata: 2\n\n\n\ndata: 3\n\nid: 4\ndata: 5\n\ndata:\n\ndata: 6\n\n",
     "\ufeffdata: bom\n\ndata: 2\n\n: c\ndata: 3\n\ndata: 4\r\rdata: 5\n\n".encode(),
 ]

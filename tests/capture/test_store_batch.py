@@ -16,10 +16,21 @@ def test_append_many_equals_appends(tmp_path, raw):
     items = []
     for i in range(6):
         n = 3 * i + 1
-        tok = TokenColumns(rng.integers(0, 9, n), rng.random(n), rng.random(n), rng.integers(0, 9, (n, 3)),
-                           rng.random((n, 3)), rng.random((n, 3)) if raw and i % 2 else None)
-        items.append((RequestRecord(key=f"k{i}", prompt_hash="h", error="é" * i, cached_tokens=i - 1),
-                      None if i == 2 else tok, list(range(i)) if i % 2 else None))
+        tok = TokenColumns(
+            rng.integers(0, 9, n),
+            rng.random(n),
+            rng.random(n),
+            rng.integers(0, 9, (n, 3)),
+            rng.random((n, 3)),
+            rng.random((n, 3)) if raw and i % 2 else None,
+        )
+        items.append(
+            (
+                RequestRecord(key=f"k{i}", prompt_hash="h", error="é" * i, cached_tokens=i - 1),
+                None if i == 2 else tok,
+                list(range(i)) if i % 2 else None,
+            )
+        )
     meta = RunMeta(source="http", run={}, layout=Layout(topk=4, raw_logits=raw))
     with TraceWriter(tmp_path / "a.h5", meta) as w:
         for it in items:

@@ -52,5 +52,6 @@ def engine(engine_factory):
 def bf16_baseline(engine_factory) -> list[list[int]]:
     """Serial BF16 token ids without prefix reuse, 64 greedy tokens per fixture prompt."""
     eng = engine_factory(*BF16_BASE)
-    return [r["choices"][0]["token_ids"] for r in run_serial(eng.url, [greedy(p["prompt"], 64)
-                                                                       for p in fixture_prompts()])]
+    return [
+        r["choices"][0]["token_ids"] for r in run_serial(eng.url, [greedy(p["prompt"], 64) for p in fixture_prompts()])
+    ]

@@ -22,8 +22,14 @@ async def complete(session: aiohttp.ClientSession, url: str, body: dict) -> tupl
 
 
 def greedy(prompt, max_tokens: int = 24, **extra) -> dict:
-    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True,
-            "ignore_eos": True, **extra}
+    return {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+        **extra,
+    }
 
 
 async def _serial(url: str, bodies: list[dict]) -> list[dict]:
@@ -39,11 +45,13 @@ async def _serial(url: str, bodies: list[dict]) -> list[dict]:
 async def _concurrent(url: str, bodies: list[dict], concurrency: int) -> list[dict]:
     sem = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession() as s:
+
         async def one(b):
             async with sem:
                 status, js = await complete(s, url, b)
                 assert status == 200, js
                 return js
+
         return list(await asyncio.gather(*(one(b) for b in bodies)))
 
 
@@ -57,9 +65,11 @@ def run_concurrent(url: str, bodies: list[dict], concurrency: int = 8) -> list[d
 
 def metric(url: str, name: str) -> float:
     """One unlabelled sample from /metrics."""
+
     async def get():
         async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
             return await r.text()
+
     for line in asyncio.run(get()).splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from engine_helpers import fixture_prompts, greedy, run_concurrent, run_serial
 
 TINY = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "tiny"
@@ -20,14 +19,26 @@ def _save_random(kind: str, out: Path) -> Path:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    common = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                  bos_token_id=0, eos_token_id=0, pad_token_id=1, tie_word_embeddings=True)
+    common = dict(
+        vocab_size=2048,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+        tie_word_embeddings=True,
+    )
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     else:  # one sliding layer (window 24) then a global one: prompts here are longer than the window
-        model = Gemma3ForCausalLM(Gemma3TextConfig(**common, sliding_window=24,
-                                                   layer_types=["sliding_attention", "full_attention"]))
+        model = Gemma3ForCausalLM(
+            Gemma3TextConfig(**common, sliding_window=24, layer_types=["sliding_attention", "full_attention"])
+        )
     model.save_pretrained(out)
     for name in TOKENIZER_FILES:
         shutil.copy(TINY / name, out / name)
@@ -40,9 +51,10 @@ def _hf_greedy(model_dir: Path, prompt_ids: list[int], n: int) -> list[int]:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=1)
-    return out[0, len(prompt_ids):].tolist()
+        out = model.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=1
+        )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.mark.slow

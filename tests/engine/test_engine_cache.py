@@ -13,9 +13,13 @@ def test_second_request_reports_cached_prefix(engine):
     prefix in usage.prompt_tokens_details.cached_tokens, and /metrics must count the same hit."""
     # A unique header, so earlier tests cannot have cached it.
     header = f"# {uuid.uuid4().hex}\n" + "import os\nimport sys\n\n\nclass Reader:\n    def __init__(self, path):\n" * 3
-    q0, h0 = metric(engine.url, "tracekit:prefix_cache_queries_total"), metric(engine.url, "tracekit:prefix_cache_hits_total")
-    first, second = run_serial(engine.url, [greedy(header + "        self.path = path\n", 4),
-                                            greedy(header + "    def read(self):\n", 4)])
+    q0, h0 = (
+        metric(engine.url, "tracekit:prefix_cache_queries_total"),
+        metric(engine.url, "tracekit:prefix_cache_hits_total"),
+    )
+    first, second = run_serial(
+        engine.url, [greedy(header + "        self.path = path\n", 4), greedy(header + "    def read(self):\n", 4)]
+    )
     c1 = first["usage"]["prompt_tokens_details"]["cached_tokens"]
     c2 = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert c1 == 0
@@ -42,10 +46,23 @@ def test_fault_switch_corrupts_reused_prefix(engine_factory):
     assert got[2]["choices"][0]["token_ids"] != want[2]["choices"][0]["token_ids"]
 
 
-DOCUMENTED = ["num_requests_running", "num_requests_waiting", "slots_busy", "slots_total",
-              "prefix_cache_queries_total", "prefix_cache_hits_total", "prefix_cache_blocks", "prompt_tokens_total",
-              "generation_tokens_total", "requests_cancelled_total", "request_errors_total",
-              "prefill_forwards_total", "decode_steps_total", "decode_rows_total", "engine_busy_seconds_total"]
+DOCUMENTED = [
+    "num_requests_running",
+    "num_requests_waiting",
+    "slots_busy",
+    "slots_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "prefix_cache_blocks",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "requests_cancelled_total",
+    "request_errors_total",
+    "prefill_forwards_total",
+    "decode_steps_total",
+    "decode_rows_total",
+    "engine_busy_seconds_total",
+]
 
 
 async def _burst_and_watch(url: str, n: int) -> tuple[list[int], int, int]:
@@ -54,14 +71,19 @@ async def _burst_and_watch(url: str, n: int) -> tuple[list[int], int, int]:
 
     peak_run = peak_wait = 0
     async with aiohttp.ClientSession() as s:
+
         async def one():
             async with s.post(f"{url}/v1/completions", json=greedy("import os\n", 200)) as r:
                 return (await r.json())["usage"]["completion_tokens"]
+
         tasks = [asyncio.ensure_future(one()) for _ in range(n)]
         while not all(t.done() for t in tasks):
             async with s.get(f"{url}/metrics") as r:
-                vals = {ln.split()[0]: float(ln.split()[1]) for ln in (await r.text()).splitlines()
-                        if ln and not ln.startswith("#")}
+                vals = {
+                    ln.split()[0]: float(ln.split()[1])
+                    for ln in (await r.text()).splitlines()
+                    if ln and not ln.startswith("#")
+                }
             peak_run = max(peak_run, int(vals["tracekit:num_requests_running"]))
             peak_wait = max(peak_wait, int(vals["tracekit:num_requests_waiting"]))
             await asyncio.sleep(0.01)

@@ -8,7 +8,6 @@ import time
 
 import aiohttp
 import pytest
-
 from engine_helpers import greedy, metric, run_serial
 
 PROMPT = "def handle_request(self):\n    timeout = self.socket.gettimeout()\n"
@@ -91,6 +90,7 @@ def test_api_key_required_when_configured(engine_factory, monkeypatch):
         async with aiohttp.ClientSession(headers=headers) as s:
             async with s.post(f"{eng.url}/v1/completions", json=OK_BODY) as r:
                 return r.status
+
     assert asyncio.run(go({})) == 401
     assert asyncio.run(go({"Authorization": "Bearer wrong"})) == 401
     assert asyncio.run(go({"Authorization": "Bearer s3cret"})) == 200
@@ -100,8 +100,12 @@ def test_api_key_required_when_configured(engine_factory, monkeypatch):
 def test_prompt_filling_the_context_exactly_is_served(engine):
     """prompt + max_tokens == max_context is allowed and yields every asked token (the edge of the
     'prompt too long' check)."""
-    status, body = asyncio.run(_post_raw(engine.url, json.dumps(
-        {"prompt": [5] * 2040, "max_tokens": 8, "temperature": 0, "ignore_eos": True}).encode()))
+    status, body = asyncio.run(
+        _post_raw(
+            engine.url,
+            json.dumps({"prompt": [5] * 2040, "max_tokens": 8, "temperature": 0, "ignore_eos": True}).encode(),
+        )
+    )
     assert status == 200, body
     u = body["usage"]
     assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (2040, 8, 2048)

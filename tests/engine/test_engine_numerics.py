@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import fixture_prompts, greedy, run_concurrent, run_serial
 
 
@@ -15,8 +14,11 @@ def _cached(responses: list[dict]) -> list[int]:
     return [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in responses]
 
 
-@pytest.mark.parametrize("cache_args", [(), ("--no-prefix-cache",), ("--block-size", "1")],
-                         ids=["prefix-cache", "no-prefix-cache", "token-granular-cache"])
+@pytest.mark.parametrize(
+    "cache_args",
+    [(), ("--no-prefix-cache",), ("--block-size", "1")],
+    ids=["prefix-cache", "no-prefix-cache", "token-granular-cache"],
+)
 def test_fp32_concurrent_equals_serial(engine_factory, cache_args):
     """8 concurrent requests must return exactly the serial token ids in FP32: padding and prefix
     reuse move logits by ~1e-5 only, so any difference here would be an engine bug, not numerics.

@@ -7,7 +7,6 @@ import json
 import math
 
 import aiohttp
-
 from engine_helpers import BF16_BASE, greedy, metric, run_serial
 
 PROMPT = "class Node:\n    def __init__(self, value, next=None):\n        "
@@ -16,8 +15,9 @@ PROMPT = "class Node:\n    def __init__(self, value, next=None):\n        "
 def test_raw_logits_agree_with_logprobs(engine):
     """top_logits must be the raw logits behind top_logprobs: equal differences between candidates,
     the chosen token first under greedy, and ids in the same order as the top_logprobs keys."""
-    r = run_serial(engine.url, [greedy(PROMPT, 8, logprobs=5, return_raw_logits=True,
-                                       return_tokens_as_token_ids=True)])[0]
+    r = run_serial(
+        engine.url, [greedy(PROMPT, 8, logprobs=5, return_raw_logits=True, return_tokens_as_token_ids=True)]
+    )[0]
     lp = r["choices"][0]["logprobs"]
     ids = r["choices"][0]["token_ids"]
     assert len(lp["top_logits"]) == len(lp["top_token_ids"]) == len(lp["token_logits"]) == 8
@@ -64,9 +64,9 @@ def test_stop_string_ends_the_request(engine):
     """A stop string cuts the text before it, finish_reason 'stop' with stop_reason = the string, the
     slot is released as finished (not cancelled), and streaming never leaks the stop string."""
     full = run_serial(engine.url, [greedy(PROMPT, 24)])[0]["choices"][0]["text"]
-    stop = full[len(full) // 2:len(full) // 2 + 3]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert stop and len(stop) == 3
-    want = full[:full.index(stop)]
+    want = full[: full.index(stop)]
     cancelled0 = metric(engine.url, "tracekit:requests_cancelled_total")
     r = run_serial(engine.url, [greedy(PROMPT, 24, stop=[stop])])[0]["choices"][0]
     assert (r["text"], r["finish_reason"], r["stop_reason"]) == (want, "stop", stop)

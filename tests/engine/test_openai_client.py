@@ -13,8 +13,14 @@ def client(engine):
 
 
 def test_completion_with_logprobs(client):
-    r = client.completions.create(model="tiny", prompt="import os\nimport sys\n", max_tokens=6, temperature=0,
-                                  logprobs=3, extra_body={"return_token_ids": True, "ignore_eos": True})
+    r = client.completions.create(
+        model="tiny",
+        prompt="import os\nimport sys\n",
+        max_tokens=6,
+        temperature=0,
+        logprobs=3,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     ch = r.choices[0]
     assert r.usage.completion_tokens == 6 and ch.finish_reason == "length"
     assert len(ch.logprobs.tokens) == 6 and len(ch.logprobs.token_logprobs) == 6
@@ -25,8 +31,13 @@ def test_completion_with_logprobs(client):
 
 
 def test_streaming_matches_non_streaming(client):
-    kw = dict(model="tiny", prompt="class Node:\n    def __init__(self", max_tokens=12, temperature=0,
-              extra_body={"ignore_eos": True})
+    kw = dict(
+        model="tiny",
+        prompt="class Node:\n    def __init__(self",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     full = client.completions.create(**kw).choices[0].text
     chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, logprobs=1, **kw))
     text = "".join(c.choices[0].text for c in chunks if c.choices)

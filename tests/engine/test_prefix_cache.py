@@ -7,6 +7,7 @@ from tracekit.engine.prefix_cache import PrefixCache, chain_keys
 
 def _kv(start, end):
     import torch
+
     blk = torch.arange(start, end, dtype=torch.float32)[None, :, None]  # [Hkv=1, n, D=1]
     return [blk], [blk + 0.5]
 

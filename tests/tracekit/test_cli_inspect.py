@@ -13,8 +13,7 @@ REF = ROOT / "fixtures/format/v1/reference.h5"
 
 
 def tk(*args):
-    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_version():

@@ -21,8 +21,9 @@ from writer_child import make_request  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # (flushed requests to wait for, extra sleep in seconds): early, mid-append, late.
-KILL_POINTS = [(0, 0.0), (0, 0.05), (0, 0.2)] + [(n, d) for n in (1, 2, 5, 17, 40, 90)
-                                                  for d in (0.0, 0.0003, 0.0007, 0.0015, 0.003)]
+KILL_POINTS = [(0, 0.0), (0, 0.05), (0, 0.2)] + [
+    (n, d) for n in (1, 2, 5, 17, 40, 90) for d in (0.0, 0.0003, 0.0007, 0.0015, 0.003)
+]
 VERIFY = """
 import sys, numpy as np
 sys.path.insert(0, sys.argv[2])
@@ -41,8 +42,12 @@ with TraceReader(sys.argv[1]) as r:
 
 def _kill_at(path: Path, wait_for: int, delay_s: float) -> int:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "writer_child.py"), str(path)],
-                         stdout=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "writer_child.py"), str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     flushed = 0
     try:
         if wait_for == 0:
@@ -74,8 +79,13 @@ def test_sigkill_leaves_readable_file(tmp_path, wait_for, delay_s):
         assert flushed == 0
         return
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", VERIFY, str(path), str(Path(__file__).parent)],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", VERIFY, str(path), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     n = int(out.stdout)
     assert n >= flushed, f"lost flushed requests: file holds {n}, child flushed {flushed}"
@@ -91,15 +101,19 @@ def test_live_reader_follows_a_running_writer(tmp_path):
     not mistake the live file for a killed one and rebuild it under the writer."""
     path = tmp_path / "live.h5"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "writer_child.py"), str(path)],
-                         stdout=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "writer_child.py"), str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         for line in p.stdout:
             if line.startswith("flushed") and int(line.split()[1]) >= 5:
                 break
         with TraceReader(path) as r:
             assert len(r) >= 5
-        assert Path(str(path) + ".journal").exists()   # still the writer's
+        assert Path(str(path) + ".journal").exists()  # still the writer's
         assert p.poll() is None
     finally:
         p.kill()
@@ -109,6 +123,7 @@ def test_live_reader_follows_a_running_writer(tmp_path):
 def test_clean_close_leaves_no_journal(tmp_path):
     from tracekit.schema import Layout, RunMeta
     from tracekit.store import TraceWriter
+
     with TraceWriter(tmp_path / "t.h5", RunMeta(source="http", run={}, layout=Layout(topk=8))) as w:
         w.append(*make_request(0))
         assert (tmp_path / "t.h5.journal").exists()
@@ -119,8 +134,9 @@ def test_killed_file_without_journal_is_a_clear_error(tmp_path):
     path = tmp_path / "k.h5"
     _kill_at(path, 3, 0.0)
     Path(str(path) + ".journal").unlink()
-    r = subprocess.run([sys.executable, "-m", "tracekit", "inspect", str(path)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tracekit", "inspect", str(path)], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert r.returncode == 3 and "journal" in r.stderr and "h5clear" in r.stderr
 
 

@@ -28,7 +28,11 @@ def test_reference_file_reads(path):
         for i, (rec, toks, prompt) in enumerate(reference_requests()):
             got = r.record(i)
             assert (got.key, got.cached_tokens, got.http_status, got.error) == (
-                rec.key, rec.cached_tokens, rec.http_status, rec.error)
+                rec.key,
+                rec.cached_tokens,
+                rec.http_status,
+                rec.error,
+            )
             t = r.tokens(i, full_logits=True)
             np.testing.assert_array_equal(t.topk_id, toks.topk_id)
             np.testing.assert_allclose(t.topk_logprob, toks.topk_logprob)

@@ -19,7 +19,8 @@ def _tokens(n, k=4, raw=False, seed=0):
     return TokenColumns(ids[:, 0], lp[:, 0], np.arange(n, dtype=np.float64), ids, lp, lp * 3 if raw else None)
 
 
-def _write(path, rows, layout=Layout(topk=4), run=None, **kw):
+def _write(path, rows, layout=None, run=None, **kw):
+    layout = layout or Layout(topk=4)
     meta = RunMeta(source="http", run=run or {"model": "m"}, layout=layout)
     with TraceWriter(path, meta, **kw) as w:
         for rec, toks, prompt in rows:
@@ -28,9 +29,19 @@ def _write(path, rows, layout=Layout(topk=4), run=None, **kw):
 
 
 def test_round_trip_every_column(tmp_path):
-    rec = RequestRecord(key="a", prompt_hash=prompt_hash("hi"), status="ok", http_status=200, finish_reason="stop",
-                        cached_tokens=16, t_sent_s=1.0, t_first_token_s=1.5, t_done_s=2.0, params='{"x": 1}',
-                        prompt_text="hi ü")
+    rec = RequestRecord(
+        key="a",
+        prompt_hash=prompt_hash("hi"),
+        status="ok",
+        http_status=200,
+        finish_reason="stop",
+        cached_tokens=16,
+        t_sent_s=1.0,
+        t_first_token_s=1.5,
+        t_done_s=2.0,
+        params='{"x": 1}',
+        prompt_text="hi ü",
+    )
     toks = _tokens(5, raw=True)
     p = _write(tmp_path / "t.h5", [(rec, toks, [1, 2, 3])], layout=Layout(topk=4, raw_logits=True))
     with TraceReader(p) as r:
@@ -68,15 +79,20 @@ def test_lazy_request_read_and_columns(tmp_path):
 
 
 def test_narrower_topk_is_padded(tmp_path):
-    p = _write(tmp_path / "t.h5", [(RequestRecord(key="a", prompt_hash="h"), _tokens(3, k=2), None)],
-               layout=Layout(topk=4))
+    p = _write(
+        tmp_path / "t.h5", [(RequestRecord(key="a", prompt_hash="h"), _tokens(3, k=2), None)], layout=Layout(topk=4)
+    )
     with TraceReader(p) as r:
         t = r.tokens(0)
         assert t.topk_id.shape == (3, 4) and (t.topk_id[:, 2:] == -1).all() and np.isnan(t.topk_logprob[:, 2:]).all()
 
 
 def test_secrets_never_stored(tmp_path):
-    p = _write(tmp_path / "t.h5", [], run={"model": "m", "api_key": "sk-SECRET1", "headers": {"Authorization": "Bearer sk-SECRET2"}})
+    p = _write(
+        tmp_path / "t.h5",
+        [],
+        run={"model": "m", "api_key": "sk-SECRET1", "headers": {"Authorization": "Bearer sk-SECRET2"}},
+    )
     assert b"SECRET" not in p.read_bytes()
     with TraceReader(p) as r:
         assert r.meta.run == {"model": "m", "headers": {}}
@@ -111,8 +127,10 @@ def test_missing_attribute_is_an_error_not_a_guess(tmp_path):
 
 
 def test_copy_requests_for_resume(tmp_path):
-    rows = [(RequestRecord(key=f"k{i}", prompt_hash="h", status="ok" if i % 2 else "error"), _tokens(2, seed=i), [i])
-            for i in range(6)]
+    rows = [
+        (RequestRecord(key=f"k{i}", prompt_hash="h", status="ok" if i % 2 else "error"), _tokens(2, seed=i), [i])
+        for i in range(6)
+    ]
     src = _write(tmp_path / "a.h5", rows)
     meta = RunMeta(source="http", run={}, layout=Layout(topk=4))
     with TraceReader(src) as r, TraceWriter(tmp_path / "b.h5", meta) as w:

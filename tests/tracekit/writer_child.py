@@ -17,8 +17,14 @@ def make_request(i: int, k: int = 8):
     lps = -np.sort(rng.random((n, k), dtype=np.float32), axis=1) * 5
     toks = TokenColumns(ids[:, 0], lps[:, 0], np.arange(n) * 0.01 + i, ids, lps, lps * 2)
     prompt = np.arange(i % 5 + 3, dtype=np.int32) + i
-    rec = RequestRecord(key=f"req-{i:05d}", prompt_hash=prompt_hash(prompt), finish_reason="length",
-                        cached_tokens=i % 3 - 1, t_sent_s=float(i), error="é" * (i % 4))
+    rec = RequestRecord(
+        key=f"req-{i:05d}",
+        prompt_hash=prompt_hash(prompt),
+        finish_reason="length",
+        cached_tokens=i % 3 - 1,
+        t_sent_s=float(i),
+        error="é" * (i % 4),
+    )
     return rec, toks, prompt
 
 

@@ -40,8 +40,11 @@ class LazyGroup(click.Group):
         return importlib.import_module(f"{__name__}.{mod}").cmd
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog="Example: tracekit inspect fixtures/format/v1/reference.h5 --json")
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Example: tracekit inspect fixtures/format/v1/reference.h5 --json",
+)
 @click.version_option(__version__, prog_name="tracekit")
 def cli() -> None:
     """Differential trace and logit analysis for LLM serving engines."""

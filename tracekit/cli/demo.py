@@ -39,8 +39,9 @@ def _log(msg: str) -> None:
 
 def _divergent(root: Path, cell_id: str) -> list[str]:
     d = json.loads((root / "cells" / cell_id / "diff.json").read_text())
-    return [p["key"] for p in d["pairs"] if p["class"] not in ("identical", "incomparable")
-            and p["position"] is not None]
+    return [
+        p["key"] for p in d["pairs"] if p["class"] not in ("identical", "incomparable") and p["position"] is not None
+    ]
 
 
 def teacher_step(root: Path, m, outcomes) -> dict:
@@ -60,13 +61,24 @@ def teacher_step(root: Path, m, outcomes) -> dict:
         if not keys:
             continue
         _log(f"teacher-forced: {o.cell.id}: {len(keys)} divergent keys")
-        run_from_options(teacher_forced=model, out=str(cdir / "teacher.h5"), from_path=str(root / o.baseline),
-                         keys=",".join(keys), history="full,prefix:auto,decode", dtype="fp32,bf16")
+        run_from_options(
+            teacher_forced=model,
+            out=str(cdir / "teacher.h5"),
+            from_path=str(root / o.baseline),
+            keys=",".join(keys),
+            history="full,prefix:auto,decode",
+            dtype="fp32,bf16",
+        )
         doc = diff(root / o.baseline, root / o.burst, teacher=cdir / "teacher.h5").to_json()
         doc["a"], doc["b"] = o.baseline, o.burst
         (cdir / "diff.json").write_text(json.dumps(doc, indent=1) + "\n")
-        done[o.cell.id] = {"keys": keys, "trace": f"cells/{o.cell.id}/teacher.h5",
-                           "histories": "full,prefix:auto,decode", "dtypes": "fp32,bf16", "model": model}
+        done[o.cell.id] = {
+            "keys": keys,
+            "trace": f"cells/{o.cell.id}/teacher.h5",
+            "histories": "full,prefix:auto,decode",
+            "dtypes": "fp32,bf16",
+            "model": model,
+        }
     return {"teacher_forced": done}
 
 
@@ -79,11 +91,22 @@ def pair_table(root: Path, rows) -> str:
         for q in json.loads(p.read_text())["pairs"]:
             if q["class"] == "identical":
                 continue
-            ulp = lambda x: "" if x is None else f"{abs(x):.3g}"
-            body.append([f"{r.cell['dtype'].upper()} {r.cell['prompts']} c{r.cell['concurrency']}", q["key"],
-                         q["class"], q["position"], f"{q['token_a']} / {q['token_b']}",
-                         f"{ulp(q['gap_a_ulp'])} / {ulp(q['gap_b_ulp'])}",
-                         f"{q['boundary_a']} / {q['boundary_b']}", q.get("teacher") or ""])
+
+            def ulp(x):
+                return "" if x is None else f"{abs(x):.3g}"
+
+            body.append(
+                [
+                    f"{r.cell['dtype'].upper()} {r.cell['prompts']} c{r.cell['concurrency']}",
+                    q["key"],
+                    q["class"],
+                    q["position"],
+                    f"{q['token_a']} / {q['token_b']}",
+                    f"{ulp(q['gap_a_ulp'])} / {ulp(q['gap_b_ulp'])}",
+                    f"{q['boundary_a']} / {q['boundary_b']}",
+                    q.get("teacher") or "",
+                ]
+            )
     head = ["cell", "key", "class", "pos", "token A / B", "gap ulp A / B", "reused prefix A / B", "teacher-forced"]
     return tabulate(body, headers=head, tablefmt="github", disable_numparse=True) if body else "(no divergent pair)"
 
@@ -96,16 +119,21 @@ def verdict(rows) -> tuple[bool, list[str]]:
     total = sum(r.diff["pairs"] for r in fp32 if r.diff)
     if not fp32 or any(r.diff is None or r.diff["identical"] != r.diff["pairs"] for r in fp32):
         ok = False
-        lines.append(f"FAIL: FP32 control is NOT N/N: {same}/{total} identical. FP32 serial vs concurrent must "
-                     "agree exactly; this engine or machine breaks the demo's premise.")
+        lines.append(
+            f"FAIL: FP32 control is NOT N/N: {same}/{total} identical. FP32 serial vs concurrent must "
+            "agree exactly; this engine or machine breaks the demo's premise."
+        )
     else:
         lines.append(f"FP32 control: {same}/{total} identical across {len(fp32)} cells (N/N, as required).")
     bf = [r for r in rows if r.cell["dtype"] != "fp32" and r.diff]
     counts = {k: sum(r.diff[k] for r in bf) for k in (*BENIGN, "unexplained", "incomparable")}
     pairs = sum(r.diff["pairs"] for r in bf)
     div = pairs - sum(r.diff["identical"] for r in bf)
-    lines.append(f"BF16: {div} of {pairs} pairs diverge: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-                 + ". Benign BF16 divergences are the expected finding, not a failure.")
+    lines.append(
+        f"BF16: {div} of {pairs} pairs diverge: "
+        + ", ".join(f"{v} {k}" for k, v in counts.items())
+        + ". Benign BF16 divergences are the expected finding, not a failure."
+    )
     bad = [r.cell["id"] for r in rows if not r.ok]
     if bad:
         ok = False
@@ -129,15 +157,21 @@ def cmd(out) -> int:
     from analyze.matrix_report import text_table
 
     ok, lines = verdict(rows)
-    click.echo("tracekit demo: reference engine (tiny fixture model, CPU); serial baseline vs concurrent burst, "
-               "FP32 and BF16, prefix cache on\n")
+    click.echo(
+        "tracekit demo: reference engine (tiny fixture model, CPU); serial baseline vs concurrent burst, "
+        "FP32 and BF16, prefix cache on\n"
+    )
     click.echo(text_table(rows) + "\n")
-    click.echo("Divergent pairs (gaps in BF16 ULPs of the raw logits; teacher-forced = does a cache history "
-               "or dtype reproduce the flip):\n")
+    click.echo(
+        "Divergent pairs (gaps in BF16 ULPs of the raw logits; teacher-forced = does a cache history "
+        "or dtype reproduce the flip):\n"
+    )
     click.echo(pair_table(root, rows) + "\n")
     click.echo("\n".join(lines))
-    click.echo(f"\nfiles: {root}/ (manifest.json with sha256 of every file; groups/*/serial.h5, cells/*/burst.h5, "
-               "diff.json, checks.json, teacher.h5; engines/*.log)")
+    click.echo(
+        f"\nfiles: {root}/ (manifest.json with sha256 of every file; groups/*/serial.h5, cells/*/burst.h5, "
+        "diff.json, checks.json, teacher.h5; engines/*.log)"
+    )
     click.echo(f"report: {root / 'report' / 'report.md'}")
     click.echo("plots: " + ", ".join(str(root / p) for p in doc["plots"].values()))
     click.echo(f"took {time.perf_counter() - t0:.0f} s")

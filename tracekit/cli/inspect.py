@@ -48,12 +48,16 @@ def cmd(file: str, as_json: bool) -> None:
         click.echo(json.dumps(s, indent=2, sort_keys=True))
         return
     st = ", ".join(f"{k} {v}" for k, v in s["by_status"].items())
-    click.echo(f"{s['file']}: tracekit trace v{s['format_version']} ({s['source']}), written by "
-               f"{s['writer']} at {s['created_utc']}")
+    click.echo(
+        f"{s['file']}: tracekit trace v{s['format_version']} ({s['source']}), written by "
+        f"{s['writer']} at {s['created_utc']}"
+    )
     click.echo(f"requests: {s['requests']} ({st})")
-    click.echo(f"token rows: {s['token_rows']}  prompt tokens: {s['prompt_tokens']}  top-k: {s['topk']}  "
-               f"raw logits: {'yes' if s['raw_logits'] else 'no'}  full logits: "
-               f"{'V=' + str(s['vocab_size']) if s['full_logits'] else 'no'}")
+    click.echo(
+        f"token rows: {s['token_rows']}  prompt tokens: {s['prompt_tokens']}  top-k: {s['topk']}  "
+        f"raw logits: {'yes' if s['raw_logits'] else 'no'}  full logits: "
+        f"{'V=' + str(s['vocab_size']) if s['full_logits'] else 'no'}"
+    )
     click.echo(f"cached_tokens reported on {s['cached_tokens_reported']}/{s['requests']} requests")
     if "histories" in s:
         click.echo(f"histories: {', '.join(s['histories'])}  dtypes: {', '.join(s['dtypes'])}")

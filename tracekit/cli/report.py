@@ -18,8 +18,11 @@ Examples:
 @click.command(epilog=EPILOG)
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (tracekit.matrix-report/1).")
-@click.option("--pair", metavar="CELL:KEY", help="Pair for the logprob drift plot (default: the first unexplained, "
-                                                 "else the latest benign divergence).")
+@click.option(
+    "--pair",
+    metavar="CELL:KEY",
+    help="Pair for the logprob drift plot (default: the first unexplained, else the latest benign divergence).",
+)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 def cmd(directory, as_json, pair, no_plots) -> int:
     """Write DIR/report/report.md (paste-ready for a PR), summary.json and
@@ -36,6 +39,9 @@ def cmd(directory, as_json, pair, no_plots) -> int:
     rows, doc, md = write_report(directory, sel, plots=not no_plots)
     click.echo(json.dumps(doc, indent=1) if as_json else md)
     out = Path(directory) / "report"
-    click.echo(f"report: {out / 'report.md'}; summary: {out / 'summary.json'}; plots: "
-               + (", ".join(str(Path(directory) / p) for p in doc["plots"].values()) or "none"), err=True)
+    click.echo(
+        f"report: {out / 'report.md'}; summary: {out / 'summary.json'}; plots: "
+        + (", ".join(str(Path(directory) / p) for p in doc["plots"].values()) or "none"),
+        err=True,
+    )
     return 0 if not doc["failed_cells"] else 1

@@ -1,4 +1,4 @@
-"""`tracekit run MATRIX.toml --out DIR`: run every cell of a matrix (capture.runner),
+"""`tracekit run MATRIX.toml --out DIR`: run every cell of a matrix (capture.matrix),
 diff each cell's burst against its serial baseline (analyze.diff), hash DIR
 into the manifest, and write the report (analyze.matrix_report).
 
@@ -40,7 +40,7 @@ def diff_cells(root: Path, outcomes) -> dict[str, str]:
             errors[o.cell.id] = f"diff crashed: {type(e).__name__}: {e}"
             continue
         doc = r.to_json()
-        doc["a"], doc["b"] = o.baseline, o.burst   # relative to DIR: the directory can move
+        doc["a"], doc["b"] = o.baseline, o.burst  # relative to DIR: the directory can move
         (root / "cells" / o.cell.id / "diff.json").write_text(json.dumps(doc, indent=1) + "\n")
     return errors
 
@@ -49,8 +49,8 @@ def execute(matrix_path: str, out: str, after_diff=None):
     """Run + diff + manifest + report; returns (rows, summary). Shared with `tracekit demo`,
     whose after_diff(root, matrix, outcomes) adds the teacher-forced step before the manifest."""
     from analyze.matrix_report import write_report
-    from capture.runner import load_matrix, run_matrix, write_manifest
-    from capture.runner.manifest import now_utc
+    from capture.matrix import load_matrix, run_matrix, write_manifest
+    from capture.matrix.manifest import now_utc
     from tracekit.errors import ConfigError
 
     m = load_matrix(matrix_path)
@@ -61,10 +61,24 @@ def execute(matrix_path: str, out: str, after_diff=None):
     outcomes, engines = run_matrix(m, root)
     diff_errors = diff_cells(root, outcomes)
     extra = after_diff(root, m, outcomes) if after_diff else None
-    cells = [{**o.cell.as_dict(), "baseline": o.baseline, "burst": o.burst, "checks_ok": o.checks_ok,
-              "diff_error": diff_errors.get(o.cell.id)} for o in outcomes]
-    write_manifest(root, matrix={"name": m.name, "path": m.path, "copy": "matrix.toml"}, engines=engines,
-                   cells=cells, started_utc=started, extra=extra)
+    cells = [
+        {
+            **o.cell.as_dict(),
+            "baseline": o.baseline,
+            "burst": o.burst,
+            "checks_ok": o.checks_ok,
+            "diff_error": diff_errors.get(o.cell.id),
+        }
+        for o in outcomes
+    ]
+    write_manifest(
+        root,
+        matrix={"name": m.name, "path": m.path, "copy": "matrix.toml"},
+        engines=engines,
+        cells=cells,
+        started_utc=started,
+        extra=extra,
+    )
     rows, doc, _ = write_report(root)
     return rows, doc
 

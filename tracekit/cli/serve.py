@@ -16,34 +16,74 @@ FAULTS = ["corrupt-prefix-cache"]
 @click.command(epilog="Example: tracekit serve --dtype bf16 --slots 8 --port 8000")
 @click.option("--model", "model_dir", default=None, help="HF causal-LM directory (default: the fixture model).")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
-@click.option("--attn", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
-              help="Attention implementation (BF16 prefix-split flips appear with sdpa).")
+@click.option(
+    "--attn",
+    type=click.Choice(["sdpa", "eager"]),
+    default="sdpa",
+    show_default=True,
+    help="Attention implementation (BF16 prefix-split flips appear with sdpa).",
+)
 @click.option("--slots", type=click.IntRange(1, 256), default=4, show_default=True, help="Concurrent sequences.")
-@click.option("--max-context", type=click.IntRange(8), default=None,
-              help="Tokens per sequence (default: the model's limit, at most 4096).")
+@click.option(
+    "--max-context",
+    type=click.IntRange(8),
+    default=None,
+    help="Tokens per sequence (default: the model's limit, at most 4096).",
+)
 @click.option("--block-size", type=click.IntRange(1), default=16, show_default=True, help="Prefix-cache block.")
-@click.option("--cache-blocks", type=click.IntRange(1), default=4096, show_default=True,
-              help="Prefix-cache capacity in blocks (LRU beyond).")
+@click.option(
+    "--cache-blocks",
+    type=click.IntRange(1),
+    default=4096,
+    show_default=True,
+    help="Prefix-cache capacity in blocks (LRU beyond).",
+)
 @click.option("--no-prefix-cache", is_flag=True, help="Disable prefix reuse.")
-@click.option("--prefill-chunk", type=click.IntRange(0), default=0, show_default=True,
-              help="Prompt tokens per prefill forward, decode steps run in between (0 = whole prompt).")
+@click.option(
+    "--prefill-chunk",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Prompt tokens per prefill forward, decode steps run in between (0 = whole prompt).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 = any free port.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--threads", type=click.IntRange(0), default=0, help="torch CPU threads (0 = torch default).")
 @click.option("--api-key-env", default=None, metavar="VAR", help="Require `Authorization: Bearer $VAR`.")
 @click.option("--served-model-name", default=None, help="Name in /v1/models (default: the directory name).")
-@click.option("--inject-fault", type=click.Choice(FAULTS), default=None,
-              help="TESTING ONLY: corrupt reused prefix-cache blocks like a block-ownership bug.")
+@click.option(
+    "--inject-fault",
+    type=click.Choice(FAULTS),
+    default=None,
+    help="TESTING ONLY: corrupt reused prefix-cache blocks like a block-ownership bug.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log engine internals to stderr.")
-def cmd(model_dir, dtype, attn, slots, max_context, block_size, cache_blocks, no_prefix_cache, prefill_chunk,
-        host, port, device, threads, api_key_env, served_model_name, inject_fault, verbose) -> None:
+def cmd(
+    model_dir,
+    dtype,
+    attn,
+    slots,
+    max_context,
+    block_size,
+    cache_blocks,
+    no_prefix_cache,
+    prefill_chunk,
+    host,
+    port,
+    device,
+    threads,
+    api_key_env,
+    served_model_name,
+    inject_fault,
+    verbose,
+) -> None:
     """Serve a causal LM over an OpenAI-compatible /v1/completions API.
 
     Prints `tracekit serve: listening on http://HOST:PORT` on stderr once the
     socket is bound; /health answers 503 until the model is loaded.
     """
-    from ..engine.runner import default_model_dir
+    from ..engine.executor import default_model_dir
     from ..engine.server import ServeConfig, serve
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
@@ -55,8 +95,22 @@ def cmd(model_dir, dtype, attn, slots, max_context, block_size, cache_blocks, no
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is empty or unset")
-    cfg = ServeConfig(model_dir=model_dir, dtype=dtype, attn=attn, slots=slots, max_context=max_context,
-                      block_size=block_size, prefix_cache=not no_prefix_cache, cache_blocks=cache_blocks,
-                      host=host, port=port, device=device, api_key=api_key, fault=inject_fault,
-                      served_name=served_model_name, threads=threads, prefill_chunk=prefill_chunk)
+    cfg = ServeConfig(
+        model_dir=model_dir,
+        dtype=dtype,
+        attn=attn,
+        slots=slots,
+        max_context=max_context,
+        block_size=block_size,
+        prefix_cache=not no_prefix_cache,
+        cache_blocks=cache_blocks,
+        host=host,
+        port=port,
+        device=device,
+        api_key=api_key,
+        fault=inject_fault,
+        served_name=served_model_name,
+        threads=threads,
+        prefill_chunk=prefill_chunk,
+    )
     asyncio.run(serve(cfg))

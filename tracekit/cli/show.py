@@ -18,10 +18,12 @@ Examples:
 @click.argument("b", required=False, type=click.Path(dir_okay=False))
 @click.option("--key", required=True, help="Request key to show.")
 @click.option("--position", type=click.IntRange(min=0), help="Position to centre on (default: first difference).")
-@click.option("--context", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Positions shown on each side.")
-@click.option("--topk", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Candidates listed at the position.")
+@click.option(
+    "--context", type=click.IntRange(min=0), default=5, show_default=True, help="Positions shown on each side."
+)
+@click.option(
+    "--topk", type=click.IntRange(min=1), default=5, show_default=True, help="Candidates listed at the position."
+)
 @click.option("--tokenizer", type=click.Path(), help="Tokenizer directory (default: the run metadata's).")
 @click.option("--a-select", help="Row of A for a teacher-forced file, e.g. history=full,dtype=fp32.")
 @click.option("--b-select", help="Row of B for a teacher-forced file.")

@@ -1,7 +1,7 @@
 """The reference serving engine behind `tracekit serve`.
 
-Modules: runner (model + per-slot KV, prefill, batched decode), prefix_cache
-(hash-chained KV blocks, LRU), scheduler (the owner loop), protocol (OpenAI /
+Modules: executor (model + per-slot KV, prefill, batched decode), prefix_cache
+(hash-chained KV blocks, LRU), engine (the owner loop), protocol (OpenAI /
 vLLM completions dialect), textstream (detokenization, stop strings), server
 (aiohttp routes), metrics (Prometheus text), process (start an engine in a
 subprocess for tests and runners). Only `process` is light to import; the rest

@@ -16,6 +16,10 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only; the engine imports torch where it runs a model
+    import torch
 
 ROOT = b"tracekit-prefix-root"
 
@@ -24,7 +28,7 @@ def chain_keys(tokens: list[int], block_size: int, n_blocks: int) -> list[bytes]
     """Hash-chain keys of the first n_blocks full blocks of tokens."""
     keys, prev = [], ROOT
     for b in range(n_blocks):
-        blk = tokens[b * block_size:(b + 1) * block_size]
+        blk = tokens[b * block_size : (b + 1) * block_size]
         h = hashlib.blake2b(prev, digest_size=16)
         h.update(b",".join(str(t).encode() for t in blk))
         prev = h.digest()
@@ -34,7 +38,7 @@ def chain_keys(tokens: list[int], block_size: int, n_blocks: int) -> list[bytes]
 
 @dataclass
 class Block:
-    keys: list[torch.Tensor]    # per layer [Hkv, block_size, D]
+    keys: list[torch.Tensor]  # per layer [Hkv, block_size, D]
     values: list[torch.Tensor]  # per layer [Hkv, block_size, D]
 
 
@@ -62,7 +66,7 @@ class PrefixCache:
         n = len(found) * self.block_size
         self.hits_tokens += n
         if found and self.fault == "corrupt-prefix-cache":
-            found[-1] = self._corrupt(found[-1], set(keys[:len(found)]))
+            found[-1] = self._corrupt(found[-1], set(keys[: len(found)]))
         return n, found
 
     def insert(self, tokens: list[int], n_tokens: int, get_kv) -> None:

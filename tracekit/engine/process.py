@@ -44,9 +44,12 @@ def _die_with_parent() -> None:
     here: eleven orphaned engines after a CI run was killed)."""
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
 LISTEN_RE = re.compile(r"tracekit serve: listening on (http://[\w.\-\[\]:]+?):(\d+)\s*$")
 
 
@@ -73,14 +76,28 @@ class EngineProcess:
             fd, log_path = tempfile.mkstemp(prefix="tracekit-engine-", suffix=".log")
             os.close(fd)
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=REPO_ROOT, env=env, start_new_session=True,
-                                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
         return cls(proc, cmd, log_path, url)
 
     @classmethod
-    def from_command(cls, cmd: list[str], url: str, ready_path: str = "/health", timeout_s: float = 600,
-                     log_path: str | None = None, env: dict | None = None) -> "EngineProcess":
+    def from_command(
+        cls,
+        cmd: list[str],
+        url: str,
+        ready_path: str = "/health",
+        timeout_s: float = 600,
+        log_path: str | None = None,
+        env: dict | None = None,
+    ) -> "EngineProcess":
         """Start any engine command line and wait until url + ready_path answers 200."""
         eng = cls.spawn(list(cmd), log_path, env, url)
         eng._wait_ready(ready_path, time.monotonic() + timeout_s)
@@ -149,8 +166,9 @@ class EngineProcess:
         self.stop()
 
 
-def start_engine(args=(), timeout_s: float = 120, log_path: str | None = None,
-                 env: dict | None = None) -> EngineProcess:
+def start_engine(
+    args=(), timeout_s: float = 120, log_path: str | None = None, env: dict | None = None
+) -> EngineProcess:
     """Start `python -m tracekit serve --port 0 *args`; return once /health answers 200."""
     env = dict(os.environ if env is None else env)
     # The checkout must be importable even when tracekit is not installed (GPU image).

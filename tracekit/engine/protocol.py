@@ -17,8 +17,14 @@ MAX_LOGPROBS = 20
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 err_type: str = "invalid_request_error", code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        err_type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message, self.param, self.status, self.err_type, self.code = message, param, status, err_type, code
 
@@ -26,8 +32,9 @@ class BadRequest(Exception):
         return error_body(self.message, self.err_type, self.param, self.code)
 
 
-def error_body(message: str, err_type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, err_type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
@@ -38,7 +45,7 @@ class CompletionParams:
     temperature: float
     seed: int | None
     stop: tuple[str, ...]
-    logprobs: int | None          # None = no logprobs object
+    logprobs: int | None  # None = no logprobs object
     stream: bool
     include_usage: bool
     return_token_ids: bool
@@ -95,10 +102,13 @@ def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> Comp
     ids = _prompt_ids(body, tokenizer, vocab_size)
     max_tokens = _int(body, "max_tokens", 16, lo=1)
     if len(ids) + max_tokens > max_context:
-        raise BadRequest(f"This model's maximum context length is {max_context} tokens. However, you requested "
-                         f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
-                         f"completion). Please reduce the prompt or max_tokens.", "prompt",
-                         code="context_length_exceeded")
+        raise BadRequest(
+            f"This model's maximum context length is {max_context} tokens. However, you requested "
+            f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+            f"completion). Please reduce the prompt or max_tokens.",
+            "prompt",
+            code="context_length_exceeded",
+        )
     temp = body.get("temperature", 1.0)
     if temp is None:
         temp = 1.0
@@ -118,11 +128,20 @@ def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> Comp
         raise BadRequest("'stream_options' must be an object", "stream_options")
     model = body.get("model")
     return CompletionParams(
-        prompt_ids=tuple(ids), max_tokens=max_tokens, temperature=float(temp),
-        seed=_int(body, "seed", None), stop=tuple(stop), logprobs=logprobs, stream=_bool(body, "stream"),
-        include_usage=bool(so.get("include_usage", False)), return_token_ids=_bool(body, "return_token_ids"),
-        tokens_as_ids=_bool(body, "return_tokens_as_token_ids"), ignore_eos=_bool(body, "ignore_eos"),
-        raw_logits=_bool(body, "return_raw_logits"), model=model if isinstance(model, str) else None)
+        prompt_ids=tuple(ids),
+        max_tokens=max_tokens,
+        temperature=float(temp),
+        seed=_int(body, "seed", None),
+        stop=tuple(stop),
+        logprobs=logprobs,
+        stream=_bool(body, "stream"),
+        include_usage=bool(so.get("include_usage", False)),
+        return_token_ids=_bool(body, "return_token_ids"),
+        tokens_as_ids=_bool(body, "return_tokens_as_token_ids"),
+        ignore_eos=_bool(body, "ignore_eos"),
+        raw_logits=_bool(body, "return_raw_logits"),
+        model=model if isinstance(model, str) else None,
+    )
 
 
 def new_id() -> str:
@@ -137,9 +156,12 @@ def envelope(cid: str, model: str, choices: list, usage: dict | None = None) -> 
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 class LogprobsBuilder:
@@ -161,8 +183,12 @@ class LogprobsBuilder:
             self.top_logits.append(list(ev.top_logits))
 
     def build(self) -> dict:
-        out = {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top_logprobs,
-               "text_offset": self.text_offset}
+        out = {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        }
         if self.p.raw_logits:
             out.update(token_logits=self.token_logits, top_token_ids=self.top_ids, top_logits=self.top_logits)
         return out

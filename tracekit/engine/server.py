@@ -20,8 +20,8 @@ from aiohttp import web
 
 from .. import __version__
 from ..errors import EngineError
+from .engine import ErrorEvent, GenRequest
 from .protocol import BadRequest, LogprobsBuilder, envelope, error_body, new_id, parse_completion, usage
-from .scheduler import ErrorEvent, GenRequest
 from .textstream import TextStream
 
 MAX_BODY_BYTES = 1 << 20
@@ -53,38 +53,54 @@ def json_error(status: int, message: str, err_type: str = "invalid_request_error
 
 class App:
     def __init__(self, cfg: ServeConfig):
-        self.cfg, self.engine, self.runner, self.loop = cfg, None, None, None
+        self.cfg, self.engine, self.executor, self.loop = cfg, None, None, None
         self.name = cfg.served_name or os.path.basename(os.path.normpath(cfg.model_dir))
         self.started = int(time.time())
 
     # ---- lifecycle -------------------------------------------------------------------------
     def load(self) -> None:
-        """Build the runner and engine (blocking; run in a worker thread)."""
+        """Build the model executor and engine (blocking; run in a worker thread)."""
         import torch
 
+        from .engine import Engine
+        from .executor import ModelExecutor
         from .prefix_cache import PrefixCache
-        from .runner import ModelRunner
-        from .scheduler import Engine
 
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
         if not sys.stderr.isatty():  # no progress bars in logs
             from transformers.utils import logging as hf_logging
+
             hf_logging.disable_progress_bar()
         c = self.cfg
-        self.runner = ModelRunner(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
+        self.executor = ModelExecutor(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
         cache = PrefixCache(c.block_size, c.cache_blocks, c.fault) if c.prefix_cache else None
-        self.engine = Engine(self.runner, cache, post=self.loop.call_soon_threadsafe, threads=c.threads,
-                             prefill_chunk=c.prefill_chunk)
+        self.engine = Engine(
+            self.executor, cache, post=self.loop.call_soon_threadsafe, threads=c.threads, prefill_chunk=c.prefill_chunk
+        )
         self.engine.start()
 
     def meta(self) -> dict:
-        r, c = self.runner, self.cfg
-        return {"engine": "tracekit", "version": __version__, "eos_token_ids": r.eos_ids, "vocab_size": r.vocab_size,
-                "dtype": c.dtype, "logits_dtype": c.dtype, "attn": c.attn, "device": c.device,
-                "max_context": r.max_context, "slots": c.slots, "block_size": c.block_size,
-                "prefix_cache": c.prefix_cache, "prefill_chunk": c.prefill_chunk, "inject_fault": c.fault, "model_type": r.model_type,
-                "model_dir": os.path.abspath(c.model_dir), "max_logprobs": 20}
+        r, c = self.executor, self.cfg
+        return {
+            "engine": "tracekit",
+            "version": __version__,
+            "eos_token_ids": r.eos_ids,
+            "vocab_size": r.vocab_size,
+            "dtype": c.dtype,
+            "logits_dtype": c.dtype,
+            "attn": c.attn,
+            "device": c.device,
+            "max_context": r.max_context,
+            "slots": c.slots,
+            "block_size": c.block_size,
+            "prefix_cache": c.prefix_cache,
+            "prefill_chunk": c.prefill_chunk,
+            "inject_fault": c.fault,
+            "model_type": r.model_type,
+            "model_dir": os.path.abspath(c.model_dir),
+            "max_logprobs": 20,
+        }
 
     # ---- middleware -------------------------------------------------------------------------
     @web.middleware
@@ -110,13 +126,20 @@ class App:
         return web.json_response({"status": "ok"})
 
     async def models(self, request):
-        card = {"id": self.name, "object": "model", "created": self.started, "owned_by": "tracekit",
-                "root": os.path.abspath(self.cfg.model_dir), "max_model_len": self.runner.max_context,
-                "meta": self.meta()}
+        card = {
+            "id": self.name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "tracekit",
+            "root": os.path.abspath(self.cfg.model_dir),
+            "max_model_len": self.executor.max_context,
+            "meta": self.meta(),
+        }
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request):
         from .metrics import render
+
         return web.Response(text=render(self.engine, self.cfg), content_type="text/plain")
 
     async def completions(self, request: web.Request):
@@ -128,13 +151,19 @@ class App:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise BadRequest(f"malformed JSON body: {e}") from None
-            p = parse_completion(body, self.runner.tokenizer, self.runner.vocab_size, self.runner.max_context)
+            p = parse_completion(body, self.executor.tokenizer, self.executor.vocab_size, self.executor.max_context)
         except BadRequest as e:
             return web.json_response(e.body(), status=e.status)
         events = asyncio.Queue()
-        req = GenRequest(prompt_ids=list(p.prompt_ids), max_tokens=p.max_tokens, logprobs=p.logprobs or 0,
-                         temperature=p.temperature, seed=p.seed, ignore_eos=p.ignore_eos,
-                         emit=events.put_nowait)
+        req = GenRequest(
+            prompt_ids=list(p.prompt_ids),
+            max_tokens=p.max_tokens,
+            logprobs=p.logprobs or 0,
+            temperature=p.temperature,
+            seed=p.seed,
+            ignore_eos=p.ignore_eos,
+            emit=events.put_nowait,
+        )
         self.engine.submit(req)
         try:
             if p.stream:
@@ -146,10 +175,10 @@ class App:
     def _token_str(self, p):
         if p.tokens_as_ids:
             return lambda t: f"token_id:{t}"
-        return lambda t: self.runner.tokenizer.decode([t])
+        return lambda t: self.executor.tokenizer.decode([t])
 
     async def _collect(self, p, req, events):
-        text, lp = TextStream(self.runner.tokenizer, p.stop), LogprobsBuilder(p, self._token_str(p))
+        text, lp = TextStream(self.executor.tokenizer, p.stop), LogprobsBuilder(p, self._token_str(p))
         ids, finish, stop_reason, want_lp = [], None, None, self._want_lp(p)
         while finish is None:
             ev = await events.get()
@@ -164,23 +193,34 @@ class App:
             if text.stop_hit:
                 finish, stop_reason = "stop", text.stop_hit
                 self.engine.cancel(req, "stop")
-        out_text = text.text if (want_lp or p.stop) else self.runner.tokenizer.decode(ids, skip_special_tokens=True)
-        choice = {"index": 0, "text": out_text, "logprobs": lp.build() if want_lp else None,
-                  "finish_reason": finish, "stop_reason": stop_reason}
+        out_text = text.text if (want_lp or p.stop) else self.executor.tokenizer.decode(ids, skip_special_tokens=True)
+        choice = {
+            "index": 0,
+            "text": out_text,
+            "logprobs": lp.build() if want_lp else None,
+            "finish_reason": finish,
+            "stop_reason": stop_reason,
+        }
         if p.return_token_ids:
             choice.update(token_ids=ids, prompt_token_ids=list(p.prompt_ids))
-        return web.json_response(envelope(new_id(), self.name, [choice], usage(len(p.prompt_ids), len(ids),
-                                                                               req.cached_tokens)))
+        return web.json_response(
+            envelope(new_id(), self.name, [choice], usage(len(p.prompt_ids), len(ids), req.cached_tokens))
+        )
 
     @staticmethod
     def _want_lp(p) -> bool:
         return p.logprobs is not None or p.raw_logits
 
     async def _stream(self, request, p, req, events):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "Server": f"tracekit/{__version__}"})
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "Server": f"tracekit/{__version__}",
+            }
+        )
         await resp.prepare(request)
-        cid, text, n = new_id(), TextStream(self.runner.tokenizer, p.stop), 0
+        cid, text, n = new_id(), TextStream(self.executor.tokenizer, p.stop), 0
 
         async def send(obj) -> None:
             await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
@@ -254,8 +294,11 @@ async def serve(cfg: ServeConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         await asyncio.to_thread(app.load)
-        print(f"tracekit serve: model {app.name} loaded ({cfg.dtype}, {cfg.attn}, {cfg.slots} slots)",
-              file=sys.stderr, flush=True)
+        print(
+            f"tracekit serve: model {app.name} loaded ({cfg.dtype}, {cfg.attn}, {cfg.slots} slots)",
+            file=sys.stderr,
+            flush=True,
+        )
         await stop.wait()
     finally:
         if app.engine is not None:

@@ -16,8 +16,8 @@ class TextStream:
         self.tok, self.stop = tokenizer, stop
         self.ids: list[int] = []
         self.prefix_off = self.read_off = 0  # ids[prefix_off:read_off] is already in self.text
-        self.text = ""        # clean decoded text so far (cut at a stop string once matched)
-        self.sent = 0         # characters already handed out
+        self.text = ""  # clean decoded text so far (cut at a stop string once matched)
+        self.sent = 0  # characters already handed out
         self.stop_hit: str | None = None
 
     def push(self, token_id: int) -> tuple[str, int]:
@@ -25,22 +25,22 @@ class TextStream:
         offset = len(self.text)
         self.ids.append(token_id)
         if self.stop_hit is None:
-            done = self.tok.decode(self.ids[self.prefix_off:self.read_off], skip_special_tokens=True)
-            window = self.tok.decode(self.ids[self.prefix_off:], skip_special_tokens=True)
+            done = self.tok.decode(self.ids[self.prefix_off : self.read_off], skip_special_tokens=True)
+            window = self.tok.decode(self.ids[self.prefix_off :], skip_special_tokens=True)
             if len(window) > len(done) and not window.endswith("\ufffd"):
-                self.text += window[len(done):]
+                self.text += window[len(done) :]
                 self.prefix_off, self.read_off = self.read_off, len(self.ids)
         for s in self.stop:
             i = self.text.find(s, max(0, self.sent - len(s) + 1))
             if i >= 0:  # keep the earliest match over all stop strings
                 self.text, self.stop_hit = self.text[:i], s
         limit = len(self.text) if self.stop_hit else len(self.text) - self._held()
-        delta, self.sent = self.text[self.sent:limit], max(self.sent, limit)
+        delta, self.sent = self.text[self.sent : limit], max(self.sent, limit)
         return delta, min(offset, len(self.text))
 
     def flush(self) -> str:
         """Release everything still held back (call at the end of the response)."""
-        delta, self.sent = self.text[self.sent:], len(self.text)
+        delta, self.sent = self.text[self.sent :], len(self.text)
         return delta
 
     def _held(self) -> int:

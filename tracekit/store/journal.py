@@ -48,7 +48,7 @@ def _encode(header: dict, arrays: Sequence[np.ndarray] = ()) -> bytes:
 
 def _decode(payload: bytes) -> tuple[dict, list[np.ndarray]]:
     (hlen,) = struct.unpack_from("<I", payload)
-    header = json.loads(payload[4:4 + hlen])
+    header = json.loads(payload[4 : 4 + hlen])
     pos, arrays = 4 + hlen, []
     for dtype, shape in header["arrays"]:
         dt = np.dtype(dtype)
@@ -65,21 +65,36 @@ class JournalWriter:
     def __init__(self, trace: str | os.PathLike, meta: RunMeta):
         self.path = journal_path(trace)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._write(_encode({"kind": "meta", "pid": os.getpid(), "host": socket.gethostname(),
-                             "source": meta.source, "run": meta.run, "created_utc": meta.created_utc,
-                             "layout": dataclasses.asdict(meta.layout)}))
+        self._write(
+            _encode(
+                {
+                    "kind": "meta",
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "source": meta.source,
+                    "run": meta.run,
+                    "created_utc": meta.created_utc,
+                    "layout": dataclasses.asdict(meta.layout),
+                }
+            )
+        )
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(self._fd, view) :]
 
     def append(self, items: Sequence[tuple]) -> None:
         """items: (RequestRecord, TokenColumns (padded to the layout), prompt ids (int32) or None)."""
         recs, arrays = [], []
         for rec, toks, pids in items:
-            recs.append({**dataclasses.asdict(rec), "_prompt": pids is not None,
-                         "_cols": [c for c in _TOKEN_COLS if getattr(toks, c) is not None]})
+            recs.append(
+                {
+                    **dataclasses.asdict(rec),
+                    "_prompt": pids is not None,
+                    "_cols": [c for c in _TOKEN_COLS if getattr(toks, c) is not None],
+                }
+            )
             arrays += [getattr(toks, c) for c in recs[-1]["_cols"]]
             arrays.append(np.asarray(pids if pids is not None else [], dtype=np.int32))
         self._write(_encode({"kind": "requests", "requests": recs}, arrays))
@@ -95,7 +110,7 @@ def _records(path: Path) -> Iterator[bytes]:
     pos = 0
     while pos + _HEAD.size <= len(data):
         magic, n, crc = _HEAD.unpack_from(data, pos)
-        payload = data[pos + _HEAD.size: pos + _HEAD.size + n]
+        payload = data[pos + _HEAD.size : pos + _HEAD.size + n]
         if magic != MAGIC or len(payload) != n or zlib.crc32(payload) != crc:
             return  # a torn tail: the kill landed inside this record
         yield payload
@@ -143,8 +158,9 @@ def recover(trace: str | os.PathLike) -> int:
     meta, items = read_journal(jpath)
     if not meta:
         raise FileNotFoundError(jpath)
-    rm = RunMeta(source=meta["source"], run=meta["run"], layout=Layout(**meta["layout"]),
-                 created_utc=meta["created_utc"])
+    rm = RunMeta(
+        source=meta["source"], run=meta["run"], layout=Layout(**meta["layout"]), created_utc=meta["created_utc"]
+    )
     tmp = Path(os.fspath(trace) + ".recovered")
     with TraceWriter(tmp, rm, expected_tokens=sum(len(t) for _, t, _ in items) or None, journal=False) as w:
         w.append_many(items)

@@ -39,7 +39,8 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
         if "already open for write" not in str(plain_err):
             raise TraceFormatError(
                 f"{path}: not a readable HDF5 file ({_first_line(plain_err)}); "
-                "is it a tracekit trace? re-capture it or pass the right file") from None
+                "is it a tracekit trace? re-capture it or pass the right file"
+            ) from None
     jpath = journal_path(path)
     try:
         meta, _ = read_journal(jpath)
@@ -53,7 +54,8 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
     if not meta:
         raise TraceFormatError(
             f"{path}: left open by a writer that did not close it, and its journal {jpath.name} is missing; "
-            f"run `h5clear -s {path}` (Debian: hdf5-tools) and retry, or re-capture")
+            f"run `h5clear -s {path}` (Debian: hdf5-tools) and retry, or re-capture"
+        )
     recover(path)
     return h5py.File(path, "r")
 
@@ -100,16 +102,23 @@ def _read_v1(f: h5py.File, path: str) -> tuple[RunMeta, RequestTable]:
     a = f.attrs
     missing = [n for n in ("source", "run", "topk", "raw_logits", "vocab_size", "writer", "created_utc") if n not in a]
     if missing:
-        raise TraceFormatError(f"{path}: missing root attribute {missing[0]!r}; the file is not a complete "
-                               f"tracekit trace (re-capture it)")
+        raise TraceFormatError(
+            f"{path}: missing root attribute {missing[0]!r}; the file is not a complete tracekit trace (re-capture it)"
+        )
     try:
         layout = Layout(topk=int(a["topk"]), raw_logits=bool(a["raw_logits"]), vocab_size=int(a["vocab_size"]))
-        meta = RunMeta(source=str(a["source"]), run=json.loads(a["run"]), layout=layout,
-                       format_version=int(a["format_version"]), writer=str(a["writer"]),
-                       created_utc=str(a["created_utc"]))
+        meta = RunMeta(
+            source=str(a["source"]),
+            run=json.loads(a["run"]),
+            layout=layout,
+            format_version=int(a["format_version"]),
+            writer=str(a["writer"]),
+            created_utc=str(a["created_utc"]),
+        )
     except KeyError as e:
-        raise TraceFormatError(f"{path}: missing root attribute {e.args[0]!r}; the file is not a complete "
-                               f"tracekit trace (re-capture it)") from None
+        raise TraceFormatError(
+            f"{path}: missing root attribute {e.args[0]!r}; the file is not a complete tracekit trace (re-capture it)"
+        ) from None
     except (ValueError, json.JSONDecodeError) as e:
         raise TraceFormatError(f"{path}: bad root attribute ({e})") from None
     return meta, table
@@ -135,10 +144,12 @@ def _check_header(f: h5py.File, path: str) -> int:
     if version > FORMAT_VERSION:
         raise SchemaVersionError(
             f"{path}: trace format version {version} is newer than this tracekit reads "
-            f"(version {FORMAT_VERSION}); upgrade tracekit (pip install -U tracekit)")
+            f"(version {FORMAT_VERSION}); upgrade tracekit (pip install -U tracekit)"
+        )
     if version not in _READERS:
-        raise SchemaVersionError(f"{path}: unknown trace format version {version} "
-                                 f"(this tracekit reads {sorted(_READERS)})")
+        raise SchemaVersionError(
+            f"{path}: unknown trace format version {version} (this tracekit reads {sorted(_READERS)})"
+        )
     return version
 
 
@@ -154,8 +165,9 @@ class TraceReader:
             try:
                 meta, table = _READERS[version](self._f, self.path)
             except KeyError as e:
-                raise TraceFormatError(f"{self.path}: missing dataset ({_first_line(e)}); "
-                                       "the file is not a complete tracekit trace") from None
+                raise TraceFormatError(
+                    f"{self.path}: missing dataset ({_first_line(e)}); the file is not a complete tracekit trace"
+                ) from None
             while meta.format_version < FORMAT_VERSION:
                 meta, table = _UPGRADES[meta.format_version](meta, table)
         except BaseException:
@@ -198,9 +210,19 @@ class TraceReader:
         s = int(self.requests.token_offset[i])
         e = s + int(self.requests.n_tokens[i])
         tok = self._f["tokens"]
-        get = lambda name: tok[name][s:e] if name in tok else None
-        return TokenColumns(get("token_id"), get("logprob"), get("t_arrival_s"), get("topk_id"),
-                            get("topk_logprob"), get("topk_logit"), get("logits") if full_logits else None)
+
+        def get(name):
+            return tok[name][s:e] if name in tok else None
+
+        return TokenColumns(
+            get("token_id"),
+            get("logprob"),
+            get("t_arrival_s"),
+            get("topk_id"),
+            get("topk_logprob"),
+            get("topk_logit"),
+            get("logits") if full_logits else None,
+        )
 
     def prompt_ids(self, i: int) -> np.ndarray | None:
         """Prompt token ids of row i, or None when the prompt length is unknown."""
@@ -208,14 +230,15 @@ class TraceReader:
         if n < 0:
             return None
         s = int(self.requests.prompt_offset[i])
-        return self._f["prompt/token_id"][s:s + n]
+        return self._f["prompt/token_id"][s : s + n]
 
     def column(self, name: str, rows: slice | None = None) -> np.ndarray:
         """A whole token column (or a row range of it) as one numpy array."""
         tok = self._f["tokens"]
         if name not in tok:
-            raise TraceFormatError(f"{self.path}:/tokens/{name}: column not in this trace "
-                                   f"(columns: {', '.join(sorted(tok))})")
+            raise TraceFormatError(
+                f"{self.path}:/tokens/{name}: column not in this trace (columns: {', '.join(sorted(tok))})"
+            )
         ds = tok[name]
         n = self.n_token_rows
         rows = rows or slice(0, n)
@@ -237,20 +260,22 @@ def read_token_rows(reader: TraceReader, name: str, rows: np.ndarray) -> np.ndar
     """
     tok = reader._f["tokens"]
     if name not in tok:
-        raise TraceFormatError(f"{reader.path}:/tokens/{name}: column not in this trace "
-                               f"(columns: {', '.join(sorted(tok))})")
+        raise TraceFormatError(
+            f"{reader.path}:/tokens/{name}: column not in this trace (columns: {', '.join(sorted(tok))})"
+        )
     ds = tok[name]
     rows = np.asarray(rows, dtype=np.int64)
     if not len(rows):
         return np.empty((0,) + ds.shape[1:], dtype=ds.dtype)
     uniq, inverse = np.unique(rows, return_inverse=True)
     if uniq[0] < 0 or uniq[-1] >= reader.n_token_rows:
-        raise TraceFormatError(f"{reader.path}:/tokens/{name}: row {int(uniq[-1])} out of range "
-                               f"(the trace has {reader.n_token_rows} rows)")
+        raise TraceFormatError(
+            f"{reader.path}:/tokens/{name}: row {int(uniq[-1])} out of range (the trace has {reader.n_token_rows} rows)"
+        )
     # One slab read when the rows are dense enough; a point selection otherwise.
     span = int(uniq[-1] - uniq[0] + 1)
     if span <= 8 * len(uniq):
-        got = ds[int(uniq[0]):int(uniq[-1]) + 1][uniq - uniq[0]]
+        got = ds[int(uniq[0]) : int(uniq[-1]) + 1][uniq - uniq[0]]
     else:
         got = ds[uniq]
     return got[inverse]

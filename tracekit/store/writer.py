@@ -37,8 +37,9 @@ class TraceWriter:
     unless `flush=False`; `flush()` makes everything appended so far durable.
     """
 
-    def __init__(self, path: str | os.PathLike, meta: RunMeta, expected_tokens: int | None = None,
-                 journal: bool = True):
+    def __init__(
+        self, path: str | os.PathLike, meta: RunMeta, expected_tokens: int | None = None, journal: bool = True
+    ):
         # expected_tokens (a hint) shrinks chunks for small traces: a chunk is
         # allocated whole, so a 500-token trace should not carry 256 KiB chunks.
         self._chunk_cap = max(64, int(expected_tokens)) if expected_tokens else None
@@ -82,22 +83,40 @@ class TraceWriter:
         rows = self._rows(max(256, TOPK_CHUNK_BYTES // (4 * k)))
         cols = [("topk_id", "<i4"), ("topk_logprob", "<f4")] + ([("topk_logit", "<f4")] if m.layout.raw_logits else [])
         for name, dt in cols:
-            tok.create_dataset(name, shape=(0, m.layout.topk), maxshape=(None, m.layout.topk), dtype=dt,
-                               chunks=(rows, k) if m.layout.topk else None)
+            tok.create_dataset(
+                name,
+                shape=(0, m.layout.topk),
+                maxshape=(None, m.layout.topk),
+                dtype=dt,
+                chunks=(rows, k) if m.layout.topk else None,
+            )
         if m.layout.vocab_size:
             v = m.layout.vocab_size
-            tok.create_dataset("logits", shape=(0, v), maxshape=(None, v), dtype="<f4",
-                               chunks=(self._rows(max(1, (1 << 18) // (4 * v))), v), compression="gzip",
-                               compression_opts=1, shuffle=True)
-        f.create_group("prompt").create_dataset("token_id", shape=(0,), maxshape=(None,), dtype="<i4",
-                                                chunks=(self._rows(TOK_CHUNK_ROWS),))
+            tok.create_dataset(
+                "logits",
+                shape=(0, v),
+                maxshape=(None, v),
+                dtype="<f4",
+                chunks=(self._rows(max(1, (1 << 18) // (4 * v))), v),
+                compression="gzip",
+                compression_opts=1,
+                shuffle=True,
+            )
+        f.create_group("prompt").create_dataset(
+            "token_id", shape=(0,), maxshape=(None,), dtype="<i4", chunks=(self._rows(TOK_CHUNK_ROWS),)
+        )
 
     def _rows(self, default: int) -> int:
         return min(default, self._chunk_cap) if self._chunk_cap else default
 
     # -- appending --------------------------------------------------------
-    def append(self, record: RequestRecord, tokens: TokenColumns | None = None,
-               prompt_ids: Sequence[int] | np.ndarray | None = None, flush: bool = True) -> int:
+    def append(
+        self,
+        record: RequestRecord,
+        tokens: TokenColumns | None = None,
+        prompt_ids: Sequence[int] | np.ndarray | None = None,
+        flush: bool = True,
+    ) -> int:
         """Write one request row with its token rows; returns its row index."""
         self.append_many([(record, tokens, prompt_ids)], flush=flush)
         return self.n_requests - 1
@@ -112,8 +131,9 @@ class TraceWriter:
         if not items:
             return 0
         empty = TokenColumns.empty(lay.topk, lay.raw_logits, lay.vocab_size)
-        cols = {n: [] for n in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob", "topk_logit",
-                                "logits")}
+        cols = {
+            n: [] for n in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob", "topk_logit", "logits")
+        }
         rows = {name: [] for name in FIXED}
         ragged = {name: [] for name in RAGGED}
         all_pids, journal_items = [], []
@@ -123,23 +143,35 @@ class TraceWriter:
             for name in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob"):
                 cols[name].append(getattr(toks, name))
             if lay.raw_logits:  # engines without raw logits get NaN rows in a raw-logit trace
-                cols["topk_logit"].append(toks.topk_logit if toks.topk_logit is not None
-                                          else np.full(toks.topk_id.shape, np.nan, np.float32))
+                cols["topk_logit"].append(
+                    toks.topk_logit if toks.topk_logit is not None else np.full(toks.topk_id.shape, np.nan, np.float32)
+                )
             if lay.vocab_size:
                 if len(toks) and (toks.logits is None or toks.logits.shape[1] != lay.vocab_size):
-                    raise ValueError(f"{self.path}: this trace stores full logits of width {lay.vocab_size}; "
-                                     f"got {None if toks.logits is None else toks.logits.shape}")
+                    raise ValueError(
+                        f"{self.path}: this trace stores full logits of width {lay.vocab_size}; "
+                        f"got {None if toks.logits is None else toks.logits.shape}"
+                    )
                 cols["logits"].append(toks.logits if len(toks) else np.zeros((0, lay.vocab_size), np.float32))
             pids = np.asarray(prompt_ids if prompt_ids is not None else [], dtype=np.int32)
             all_pids.append(pids)
             journal_items.append((rec, toks, pids if prompt_ids is not None else None))
             plen = rec.prompt_len if rec.prompt_len >= 0 else (len(pids) if prompt_ids is not None else -1)
-            row = {"prompt_hash": rec.prompt_hash.encode(), "status": rec.status.encode(),
-                   "http_status": rec.http_status, "finish_reason": rec.finish_reason.encode()[:16],
-                   "cached_tokens": rec.cached_tokens, "prompt_len": plen, "t_sent_s": rec.t_sent_s,
-                   "t_first_token_s": rec.t_first_token_s, "t_done_s": rec.t_done_s,
-                   "dtype": rec.dtype.encode()[:8], "token_offset": n_tok, "n_tokens": len(toks),
-                   "prompt_offset": n_prompt}
+            row = {
+                "prompt_hash": rec.prompt_hash.encode(),
+                "status": rec.status.encode(),
+                "http_status": rec.http_status,
+                "finish_reason": rec.finish_reason.encode()[:16],
+                "cached_tokens": rec.cached_tokens,
+                "prompt_len": plen,
+                "t_sent_s": rec.t_sent_s,
+                "t_first_token_s": rec.t_first_token_s,
+                "t_done_s": rec.t_done_s,
+                "dtype": rec.dtype.encode()[:8],
+                "token_offset": n_tok,
+                "n_tokens": len(toks),
+                "prompt_offset": n_prompt,
+            }
             for name in FIXED:
                 rows[name].append(row[name])
             for name in RAGGED:

@@ -28,9 +28,19 @@ def random_model_dir(tmp_path_factory) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,  # Qwen3 defaults to 128
-                      max_position_embeddings=1024, eos_token_id=0, bos_token_id=0, tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,  # Qwen3 defaults to 128
+        max_position_embeddings=1024,
+        eos_token_id=0,
+        bos_token_id=0,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tinyrand")
     Qwen3ForCausalLM(cfg).save_pretrained(out)

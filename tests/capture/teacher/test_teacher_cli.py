@@ -13,20 +13,40 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _tracekit(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or REPO, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                                             "OMP_NUM_THREADS": "2"})
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"},
+    )
 
 
 def test_cli_prompts_json_summary_and_clean_stdout(random_model_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": [5, 6, 7, 8, 9, 10]}\n{"id": "b", "prompt": [11, 12, 13, 14, 15, 16]}\n')
     out = tmp_path / "diag.h5"
-    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", prompts, "--max-tokens", 4,
-                  "--history", "full,prefix:3,decode", "--dtype", "fp32,bf16", "--top-logprobs", 3,
-                  "--out", out, "--json")
+    r = _tracekit(
+        "capture",
+        "--teacher-forced",
+        random_model_dir,
+        "--prompts",
+        prompts,
+        "--max-tokens",
+        4,
+        "--history",
+        "full,prefix:3,decode",
+        "--dtype",
+        "fp32,bf16",
+        "--top-logprobs",
+        3,
+        "--out",
+        out,
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
-    summary = json.loads(r.stdout)            # exactly one JSON document on stdout
+    summary = json.loads(r.stdout)  # exactly one JSON document on stdout
     assert summary["rows"] == 2 * 3 * 2 and summary["out"] == str(out)
     with TraceReader(out) as t:
         assert t.meta.source == "teacher_forced" and t.layout.topk == 3 and t.layout.raw_logits
@@ -34,18 +54,51 @@ def test_cli_prompts_json_summary_and_clean_stdout(random_model_dir, tmp_path):
 
 
 def test_cli_errors(random_model_dir, tmp_path):
-    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", tmp_path / "none.jsonl",
-                  "--out", tmp_path / "o.h5")
+    r = _tracekit(
+        "capture",
+        "--teacher-forced",
+        random_model_dir,
+        "--prompts",
+        tmp_path / "none.jsonl",
+        "--out",
+        tmp_path / "o.h5",
+    )
     assert r.returncode == 3 and r.stderr.startswith("Error: ") and "no such prompt file" in r.stderr
     assert "Traceback" not in r.stderr
-    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", "x.jsonl", "--history", "prefix:x",
-                  "--out", tmp_path / "o.h5")
+    r = _tracekit(
+        "capture",
+        "--teacher-forced",
+        random_model_dir,
+        "--prompts",
+        "x.jsonl",
+        "--history",
+        "prefix:x",
+        "--out",
+        tmp_path / "o.h5",
+    )
     assert r.returncode == 3 and "bad history 'prefix:x'" in r.stderr
-    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", "x.jsonl", "--concurrency", 4,
-                  "--out", tmp_path / "o.h5")
+    r = _tracekit(
+        "capture",
+        "--teacher-forced",
+        random_model_dir,
+        "--prompts",
+        "x.jsonl",
+        "--concurrency",
+        4,
+        "--out",
+        tmp_path / "o.h5",
+    )
     assert r.returncode == 2 and "--concurrency: only with --http" in r.stderr
-    r = _tracekit("capture", "--http", "http://127.0.0.1:9", "--prompts", "x.jsonl", "--no-cuda-graphs",
-                  "--out", tmp_path / "o.h5")
+    r = _tracekit(
+        "capture",
+        "--http",
+        "http://127.0.0.1:9",
+        "--prompts",
+        "x.jsonl",
+        "--no-cuda-graphs",
+        "--out",
+        tmp_path / "o.h5",
+    )
     assert r.returncode == 2 and "--no-cuda-graphs: only with --teacher-forced" in r.stderr
 
 
@@ -55,13 +108,37 @@ def test_cli_attn_auto_resolves_to_sdpa_on_cpu(random_model_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": [3, 4, 5, 6, 7, 8]}\n')
     out = tmp_path / "d.h5"
-    r = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", prompts, "--max-tokens", "3",
-                  "--history", "full,prefix:2", "--attn", "auto", "--out", out)
+    r = _tracekit(
+        "capture",
+        "--teacher-forced",
+        random_model_dir,
+        "--prompts",
+        prompts,
+        "--max-tokens",
+        "3",
+        "--history",
+        "full,prefix:2",
+        "--attn",
+        "auto",
+        "--out",
+        out,
+    )
     assert r.returncode == 0, r.stderr
     with TraceReader(out) as t:
         assert t.meta.run["attn"] == "sdpa"
-        assert t.meta.run["cuda_graphs"] is False          # a CPU run never uses them
+        assert t.meta.run["cuda_graphs"] is False  # a CPU run never uses them
         assert sorted(t.requests.history) == ["full", "prefix:2"]
-    bad = _tracekit("capture", "--teacher-forced", random_model_dir, "--prompts", prompts, "--max-tokens", "3",
-                    "--attn", "flash9", "--out", tmp_path / "x.h5")
+    bad = _tracekit(
+        "capture",
+        "--teacher-forced",
+        random_model_dir,
+        "--prompts",
+        prompts,
+        "--max-tokens",
+        "3",
+        "--attn",
+        "flash9",
+        "--out",
+        tmp_path / "x.h5",
+    )
     assert bad.returncode == 2 and "flash9" in bad.stderr

@@ -18,8 +18,9 @@ import pytest
 
 from capture.teacher import run_from_options
 from capture.teacher.history import HistorySpec
-from capture.teacher.runner import load_model, run_histories
+from capture.teacher.model import load_model
 from capture.teacher.sequences import from_trace
+from capture.teacher.trie import run_histories
 from tracekit.store import TraceReader
 
 REPO = Path(__file__).resolve().parents[3]
@@ -33,8 +34,15 @@ FP32_HISTORIES = ("full", "prefix:5", "prefix:16", "prefix:33", "chunked:8", "de
 @pytest.fixture(scope="module")
 def fp32_trace(fixture_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("fixture") / "fp32.h5"
-    run_from_options(teacher_forced=str(fixture_model_dir), prompts=str(PROMPTS), max_tokens=32,
-                     history=",".join(FP32_HISTORIES), dtype="fp32", full_logits=True, out=str(out))
+    run_from_options(
+        teacher_forced=str(fixture_model_dir),
+        prompts=str(PROMPTS),
+        max_tokens=32,
+        history=",".join(FP32_HISTORIES),
+        dtype="fp32",
+        full_logits=True,
+        out=str(out),
+    )
     return out
 
 
@@ -49,11 +57,13 @@ def test_fp32_histories_agree_and_never_flip(fp32_trace):
                 continue
             ref, got = full[t.key[i]], r.tokens(i, full_logits=True)
             worst = max(worst, float(np.abs(got.logits - ref.logits).max()))
-            np.testing.assert_array_equal(got.logits.argmax(1), ref.logits.argmax(1), err_msg=f"{t.key[i]} {t.history[i]}")
+            np.testing.assert_array_equal(
+                got.logits.argmax(1), ref.logits.argmax(1), err_msg=f"{t.key[i]} {t.history[i]}"
+            )
             np.testing.assert_allclose(got.logprob, ref.logprob, atol=1e-5)
         assert sorted(set(t.history)) == sorted(FP32_HISTORIES)
     print(f"fp32 worst |dlogit| vs full: {worst:.2e}")
-    assert worst < 2e-5, worst   # logits are O(10): 2e-5 is a few FP32 ULPs
+    assert worst < 2e-5, worst  # logits are O(10): 2e-5 is a few FP32 ULPs
 
 
 def _first_bf16_prefix_flip(model_dir, seqs):
@@ -78,14 +88,36 @@ def test_bf16_prefix_split_flips_an_argmax_and_diff_calls_it_benign(fixture_mode
     assert found is not None, "no BF16 prefix:B flip on any fixture prompt"
     key, b = found
     out = tmp_path / "bf16.h5"
-    run_from_options(teacher_forced=str(fixture_model_dir), from_path=str(fp32_trace), keys=key,
-                     history=f"full,prefix:{b}", dtype="bf16", out=str(out))
+    run_from_options(
+        teacher_forced=str(fixture_model_dir),
+        from_path=str(fp32_trace),
+        keys=key,
+        history=f"full,prefix:{b}",
+        dtype="bf16",
+        out=str(out),
+    )
     with TraceReader(out) as r:
         rows = {r.requests.history[i]: r.tokens(i) for i in range(len(r))}
         assert np.any(rows["full"].topk_id[:, 0] != rows[f"prefix:{b}"].topk_id[:, 0])
-    r = subprocess.run([sys.executable, "-m", "tracekit", "diff", str(out), str(out), "--a-select",
-                        "history=full,dtype=bf16", "--b-select", f"history=prefix:{b},dtype=bf16", "--json"],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tracekit",
+            "diff",
+            str(out),
+            str(out),
+            "--a-select",
+            "history=full,dtype=bf16",
+            "--b-select",
+            f"history=prefix:{b},dtype=bf16",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     doc = json.loads(r.stdout)
     print(json.dumps(doc, indent=1)[:3000])
     classes = {p["class"] for p in doc["pairs"]}

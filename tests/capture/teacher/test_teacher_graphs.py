@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 
 from capture.teacher.graphs import STATS, NoGraph, decode_chain  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.runner import _forward, new_cache, resolve_attn, run_histories, wrap_model  # noqa: E402
+from capture.teacher.model import new_cache, resolve_attn, wrap_model  # noqa: E402
+from capture.teacher.trie import _forward, run_histories  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 
@@ -22,8 +23,16 @@ CUDA = torch.cuda.is_available()
 def _model(attn: str, dtype, device: str, layers: int = 3, hidden: int = 64, head_dim: int = 16):
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    cfg = Qwen3Config(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=2048)
+    cfg = Qwen3Config(
+        vocab_size=512,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=2048,
+    )
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=resolve_attn(attn, device))
     return m.to(device).eval()
@@ -33,7 +42,7 @@ def _eager_chain(lm, ids, start: int):
     with torch.inference_mode():
         c = new_cache(lm.model)
         _forward(lm, ids[:, :start], c, 1)
-        return torch.cat([_forward(lm, ids[:, p:p + 1], c, 1) for p in range(start, ids.shape[1])], 1), c
+        return torch.cat([_forward(lm, ids[:, p : p + 1], c, 1) for p in range(start, ids.shape[1])], 1), c
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "sdpa_lower_right"])
@@ -51,7 +60,7 @@ def test_inline_chain_is_the_eager_chain(attn, dtype):
     assert c.get_seq_length() == eager_cache.get_seq_length() == 40
     assert torch.equal(c.layers[0].keys, eager_cache.layers[0].keys)
     assert lm.model.config._attn_implementation == resolve_attn(attn, "cpu")  # restored
-    assert "update" not in vars(c)                                            # the patch is gone
+    assert "update" not in vars(c)  # the patch is gone
 
 
 def test_masked_attention_is_refused_before_touching_the_cache():
@@ -75,7 +84,7 @@ def test_graphed_histories_are_bitwise_the_eager_ones(attn, dtype):
     hists = [s.resolve(p, g, 60) for s in parse_histories("full,prefix:60,chunked:50,decode,chunked:1")]
     before = STATS["graphed_chains"], STATS["graphed_steps"], len(STATS["fallbacks"])
     graphed = run_histories(wrap_model(model, "bf16", "cuda", cuda_graphs=True), ids[:, :-1], p - 1, hists)
-    assert STATS["fallbacks"][before[2]:] == []
+    assert STATS["fallbacks"][before[2] :] == []
     # Two chains run as graphs, each after one eager step: decode's from the
     # first generated input (p .. p+g-2), chunked:1's from the last prompt
     # token, its first scored position (p-1 .. p+g-2).
@@ -113,11 +122,24 @@ def test_decode_is_reproducible_at_a_real_head_shape():
     would pick, was not), and the graphed chain is bitwise the eager one."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    cfg = Qwen3Config(vocab_size=4096, hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096)
+    cfg = Qwen3Config(
+        vocab_size=4096,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16,
-                                             attn_implementation=resolve_attn("sdpa_lower_right", "cuda")).cuda().eval()
+    model = (
+        AutoModelForCausalLM.from_config(
+            cfg, dtype=torch.bfloat16, attn_implementation=resolve_attn("sdpa_lower_right", "cuda")
+        )
+        .cuda()
+        .eval()
+    )
     ids = torch.randint(1, 4096, (4, 1032), generator=torch.Generator().manual_seed(4)).cuda()
     decode = [parse_histories("decode")[0].resolve(1000, 32)]
     eager_lm, graph_lm = wrap_model(model, "bf16", "cuda", cuda_graphs=False), wrap_model(model, "bf16", "cuda")
@@ -145,12 +167,12 @@ def test_long_segment_on_a_cache_is_the_square_kernels_rows(q_len):
     gen = torch.Generator(device="cuda").manual_seed(q_len)
     qf = torch.randn(2, 8, kv, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(2, 4, kv, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-    q = qf[:, :, kv - q_len:].contiguous()
-    out, _ = lower_right_sdpa(Attn(), q, k, v, None, scaling=0.125)                        # [2, q, 8, 64]
+    q = qf[:, :, kv - q_len :].contiguous()
+    out, _ = lower_right_sdpa(Attn(), q, k, v, None, scaling=0.125)  # [2, q, 8, 64]
     kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
     allowed = torch.arange(kv, device="cuda")[None, :] <= torch.arange(q_len, device="cuda")[:, None] + (kv - q_len)
     scores = (q.double() @ kk.transpose(-1, -2) * 0.125).masked_fill(~allowed, float("-inf"))
     ref = (torch.softmax(scores, -1) @ vv).transpose(1, 2)
-    assert (out.double() - ref).abs().max().item() < 2e-2                                   # BF16 rounding
+    assert (out.double() - ref).abs().max().item() < 2e-2  # BF16 rounding
     rows = F.scaled_dot_product_attention(qf, k, v, is_causal=True, scale=0.125, enable_gqa=True)
-    assert torch.equal(out, rows[:, :, kv - q_len:].transpose(1, 2))
+    assert torch.equal(out, rows[:, :, kv - q_len :].transpose(1, 2))

@@ -40,6 +40,6 @@ def test_prefix_auto_takes_the_trace_boundary_and_skips_unknown():
     auto = HistorySpec("prefix", None)
     h = auto.resolve(10, 5, cached_tokens=8)
     assert (h.label, h.ends, h.cached_tokens) == ("prefix:8", (8, 14), 8)
-    assert auto.resolve(10, 5, cached_tokens=-1) is None   # not reported
-    assert auto.resolve(10, 5, cached_tokens=0) is None    # no reuse: nothing to replay
+    assert auto.resolve(10, 5, cached_tokens=-1) is None  # not reported
+    assert auto.resolve(10, 5, cached_tokens=0) is None  # no reuse: nothing to replay
     assert HistorySpec("prefix", 14).resolve(10, 5) is None  # boundary past the inputs

@@ -10,7 +10,6 @@ could not be used as evidence about the engine.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -29,18 +28,52 @@ pytestmark = pytest.mark.slow
 
 
 def _tracekit(*args):
-    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2"))
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2"),
+    )
 
 
 def test_full_fp32_matches_the_engines_http_logprobs(fixture_model_dir, tmp_path):
     http, diag = tmp_path / "http.h5", tmp_path / "diag.h5"
     with start_engine(["--model", fixture_model_dir, "--threads", "1", "--slots", "4", "--dtype", "fp32"]) as eng:
-        r = _tracekit("capture", "--http", eng.url, "--prompts", PROMPTS, "--out", http, "--max-tokens", 16,
-                      "--top-logprobs", 5, "--concurrency", 1, "--json")
+        r = _tracekit(
+            "capture",
+            "--http",
+            eng.url,
+            "--prompts",
+            PROMPTS,
+            "--out",
+            http,
+            "--max-tokens",
+            16,
+            "--top-logprobs",
+            5,
+            "--concurrency",
+            1,
+            "--json",
+        )
     assert r.returncode == 0, r.stderr
-    r = _tracekit("capture", "--teacher-forced", fixture_model_dir, "--from", http, "--history", "full,prefix:auto",
-                  "--dtype", "fp32", "--top-logprobs", 5, "--out", diag, "--json")
+    r = _tracekit(
+        "capture",
+        "--teacher-forced",
+        fixture_model_dir,
+        "--from",
+        http,
+        "--history",
+        "full,prefix:auto",
+        "--dtype",
+        "fp32",
+        "--top-logprobs",
+        5,
+        "--out",
+        diag,
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     with TraceReader(http) as h, TraceReader(diag) as d:
         ht, dt = h.requests, d.requests
@@ -50,7 +83,7 @@ def test_full_fp32_matches_the_engines_http_logprobs(fixture_model_dir, tmp_path
         for i in range(len(dt)):
             j = list(ht.key).index(dt.key[i])
             a, b = h.tokens(j), d.tokens(i)
-            np.testing.assert_array_equal(b.token_id, a.token_id)      # the same tokens, teacher-forced
+            np.testing.assert_array_equal(b.token_id, a.token_id)  # the same tokens, teacher-forced
             np.testing.assert_allclose(b.logprob, a.logprob, atol=1e-4, err_msg=f"{dt.key[i]} {dt.history[i]}")
             np.testing.assert_allclose(b.topk_logprob, a.topk_logprob, atol=1e-4)
             worst = max(worst, float(np.abs(b.logprob - a.logprob).max()))

@@ -10,20 +10,38 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 from tracekit.errors import ConfigError
 
 DTYPES = ("fp32", "bf16", "fp16")
 AXES = {"concurrency": int, "dtype": str, "prefix_cache": bool, "output_tokens": int, "prompts": str}
 TOP_KEYS = {"name", "description", "run", "checks", "axes", "target", "prompts"}
-RUN_KEYS = {"ignore_eos": bool, "top_logprobs": int, "timeout_s": (int, float), "ready_timeout_s": (int, float),
-            "repeats": int, "stream": bool}
+RUN_KEYS = {
+    "ignore_eos": bool,
+    "top_logprobs": int,
+    "timeout_s": (int, float),
+    "ready_timeout_s": (int, float),
+    "repeats": int,
+    "stream": bool,
+}
 CHECK_KEYS = {"cancel_streams": int, "cancel_after_tokens": int, "drain_timeout_s": (int, float)}
-TARGET_KEYS = {"name", "serve", "model", "command", "url", "ready_path", "dtype_map", "cache_on_args",
-               "cache_off_args", "env", *AXES}
+TARGET_KEYS = {
+    "name",
+    "serve",
+    "model",
+    "command",
+    "url",
+    "ready_path",
+    "dtype_map",
+    "cache_on_args",
+    "cache_off_args",
+    "env",
+    *AXES,
+}
 PROMPT_KEYS = {"name", "path", "input_tokens"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -35,22 +53,22 @@ class Target:
     with {port} {dtype} placeholders, plus `url`), or `url` alone (a running server)."""
 
     name: str
-    kind: str                            # "tracekit" | "command" | "url"
-    args: tuple[str, ...] = ()           # serve args, or the command template
-    url: str = ""                        # "command" (may hold {port}) and "url" targets
+    kind: str  # "tracekit" | "command" | "url"
+    args: tuple[str, ...] = ()  # serve args, or the command template
+    url: str = ""  # "command" (may hold {port}) and "url" targets
     ready_path: str = "/health"
-    dtype_map: dict = field(default_factory=dict)   # matrix dtype -> the engine's spelling
+    dtype_map: dict = field(default_factory=dict)  # matrix dtype -> the engine's spelling
     cache_on_args: tuple[str, ...] = ()
     cache_off_args: tuple[str, ...] = ()
     env: dict = field(default_factory=dict)
-    axes: dict = field(default_factory=dict)        # per-target axis overrides
+    axes: dict = field(default_factory=dict)  # per-target axis overrides
 
 
 @dataclass(frozen=True)
 class PromptSet:
     name: str
     path: str
-    input_tokens: str = ""               # label for reports ("128", "40-61")
+    input_tokens: str = ""  # label for reports ("128", "40-61")
 
 
 @dataclass(frozen=True)
@@ -61,8 +79,8 @@ class Settings:
     ready_timeout_s: float = 300.0
     repeats: int = 1
     stream: bool = True
-    cancel_streams: int = 0              # 0: min(concurrency, prompts)
-    cancel_after_tokens: int = 4         # disconnect after this many streamed tokens
+    cancel_streams: int = 0  # 0: min(concurrency, prompts)
+    cancel_after_tokens: int = 4  # disconnect after this many streamed tokens
     drain_timeout_s: float = 15.0
 
 
@@ -90,9 +108,17 @@ class Cell:
         return f"{self.group_id}.c{self.concurrency}"
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "engine_id": self.engine_id, "group_id": self.group_id, "target": self.target,
-                "dtype": self.dtype, "prefix_cache": self.prefix_cache, "prompts": self.prompts,
-                "output_tokens": self.output_tokens, "concurrency": self.concurrency}
+        return {
+            "id": self.id,
+            "engine_id": self.engine_id,
+            "group_id": self.group_id,
+            "target": self.target,
+            "dtype": self.dtype,
+            "prefix_cache": self.prefix_cache,
+            "prompts": self.prompts,
+            "output_tokens": self.output_tokens,
+            "concurrency": self.concurrency,
+        }
 
 
 @dataclass(frozen=True)
@@ -103,7 +129,7 @@ class Matrix:
     prompt_sets: tuple[PromptSet, ...]
     axes: dict
     settings: Settings
-    text: str                            # the file as read (copied into DIR)
+    text: str  # the file as read (copied into DIR)
 
     def target(self, name: str) -> Target:
         return next(t for t in self.targets if t.name == name)
@@ -116,8 +142,9 @@ class Matrix:
         out = []
         for t in self.targets:
             ax = {**self.axes, **t.axes}
-            for dt, pc, pr, ot, c in itertools.product(ax["dtype"], ax["prefix_cache"], ax["prompts"],
-                                                       ax["output_tokens"], ax["concurrency"]):
+            for dt, pc, pr, ot, c in itertools.product(
+                ax["dtype"], ax["prefix_cache"], ax["prompts"], ax["output_tokens"], ax["concurrency"]
+            ):
                 out.append(Cell(t.name, dt, pc, pr, ot, c))
         return out
 
@@ -167,8 +194,10 @@ def _target(where: str, t: dict, base: Path) -> Target:
         raise ConfigError(f"{where}: 'name' must be a word of letters, digits, '_', '-', '.'")
     kinds = [k for k in ("serve", "command") if k in t] or (["url"] if "url" in t else [])
     if len(kinds) != 1:
-        raise ConfigError(f"{where} ({name}): give exactly one of 'serve' (tracekit serve args), "
-                          "'command' (+ 'url') or 'url' (a running server)")
+        raise ConfigError(
+            f"{where} ({name}): give exactly one of 'serve' (tracekit serve args), "
+            "'command' (+ 'url') or 'url' (a running server)"
+        )
     kind = {"serve": "tracekit"}.get(kinds[0], kinds[0])
     if kind == "command" and not isinstance(t.get("url"), str):
         raise ConfigError(f"{where} ({name}): a 'command' target needs 'url' (may contain {{port}})")
@@ -179,11 +208,22 @@ def _target(where: str, t: dict, base: Path) -> Target:
         args = ("--model", str((base / _typed(where, "model", t["model"], str)).resolve())) + args
     axes = {k: _axis(f"{where} ({name})", k, t[k]) for k in AXES if k in t}
     if kind == "url" and (len(axes.get("dtype", [0, 0])) != 1 or len(axes.get("prefix_cache", [0, 0])) != 1):
-        raise ConfigError(f"{where} ({name}): a 'url' target is one fixed engine: set 'dtype' and "
-                          "'prefix_cache' to the single values it runs with")
-    return Target(name, kind, args, str(t.get("url", "")), str(t.get("ready_path", "/health")),
-                  dict(t.get("dtype_map", {})), _strs(where, "cache_on_args", t.get("cache_on_args", [])),
-                  _strs(where, "cache_off_args", t.get("cache_off_args", [])), dict(t.get("env", {})), axes)
+        raise ConfigError(
+            f"{where} ({name}): a 'url' target is one fixed engine: set 'dtype' and "
+            "'prefix_cache' to the single values it runs with"
+        )
+    return Target(
+        name,
+        kind,
+        args,
+        str(t.get("url", "")),
+        str(t.get("ready_path", "/health")),
+        dict(t.get("dtype_map", {})),
+        _strs(where, "cache_on_args", t.get("cache_on_args", [])),
+        _strs(where, "cache_off_args", t.get("cache_off_args", [])),
+        dict(t.get("env", {})),
+        axes,
+    )
 
 
 def _prompt_set(where: str, p: dict, base: Path) -> PromptSet:
@@ -193,8 +233,7 @@ def _prompt_set(where: str, p: dict, base: Path) -> PromptSet:
         raise ConfigError(f"{where}: needs 'name' (a word) and 'path' (a JSONL prompt set)")
     full = (base / path).resolve()
     if not full.is_file():
-        raise ConfigError(f"{where} ({name}): prompt set {full} does not exist (paths are relative to the "
-                          "matrix file)")
+        raise ConfigError(f"{where} ({name}): prompt set {full} does not exist (paths are relative to the matrix file)")
     return PromptSet(name, str(full), str(p.get("input_tokens", "")))
 
 
@@ -230,14 +269,21 @@ def load_matrix(path: str | Path) -> Matrix:
         if len(set(names)) != len(names):
             raise ConfigError(f"{where}: two [[{what}]] tables share a name: {names}")
     axes_doc = _table(f"{where} [axes]", doc.get("axes", {}), AXES)
-    axes = {"concurrency": [4], "dtype": ["fp32"], "prefix_cache": [True], "output_tokens": [32],
-            "prompts": [p.name for p in psets]}
+    axes = {
+        "concurrency": [4],
+        "dtype": ["fp32"],
+        "prefix_cache": [True],
+        "output_tokens": [32],
+        "prompts": [p.name for p in psets],
+    }
     axes.update({k: _axis(f"{where} [axes]", k, v) for k, v in axes_doc.items()})
     known = {p.name for p in psets}
     for t in targets:
         unknown = set({**axes, **t.axes}["prompts"]) - known
         if unknown:
-            raise ConfigError(f"{where}: prompts {sorted(unknown)} (target {t.name}) are not [[prompts]] "
-                              f"names; known: {sorted(known)}")
+            raise ConfigError(
+                f"{where}: prompts {sorted(unknown)} (target {t.name}) are not [[prompts]] "
+                f"names; known: {sorted(known)}"
+            )
     name = doc.get("name", path.stem)
     return Matrix(str(path), str(name), tuple(targets), tuple(psets), axes, _settings(where, doc), text)

@@ -27,12 +27,11 @@ from pathlib import Path
 from tracekit.errors import TracekitError
 from tracekit.store import TraceReader
 
-from ..http import CaptureConfig, plan, run_capture
+from ..capture_run import CaptureConfig, plan_requests, run_capture
 from ..prompts import load_prompts
 from . import engines
-from .lifecycle import (CheckResult, completion_check, lifecycle_checks, metric, metrics_snapshot,
-                        prefix_cache_check)
-from .matrix import Cell, Matrix
+from .lifecycle import CheckResult, completion_check, lifecycle_checks, metric, metrics_snapshot, prefix_cache_check
+from .spec import Cell, Matrix
 
 CHECKS_SCHEMA = "tracekit.checks/1"
 
@@ -40,7 +39,7 @@ CHECKS_SCHEMA = "tracekit.checks/1"
 @dataclass(frozen=True)
 class CellOutcome:
     cell: Cell
-    baseline: str | None     # relative to DIR; None when it could not be captured
+    baseline: str | None  # relative to DIR; None when it could not be captured
     burst: str | None
     checks: tuple[CheckResult, ...]
 
@@ -63,12 +62,26 @@ def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode:
     s = m.settings
     ps = m.prompt_set(cell.prompts)
     planned = len(load_prompts(ps.path)) * s.repeats
-    cfg = CaptureConfig(url=url, prompts=ps.path, out=str(out), concurrency=concurrency,
-                        max_tokens=cell.output_tokens, top_logprobs=s.top_logprobs, ignore_eos=s.ignore_eos,
-                        stream=s.stream, timeout_s=s.timeout_s, repeat=s.repeats, progress=False,
-                        run_meta={"cache": "on" if cell.prefix_cache else "off", "dtype": cell.dtype,
-                                  "mode": mode, "cell": cell.id if mode == "burst" else cell.group_id,
-                                  "matrix": m.name})
+    cfg = CaptureConfig(
+        url=url,
+        prompts=ps.path,
+        out=str(out),
+        concurrency=concurrency,
+        max_tokens=cell.output_tokens,
+        top_logprobs=s.top_logprobs,
+        ignore_eos=s.ignore_eos,
+        stream=s.stream,
+        timeout_s=s.timeout_s,
+        repeat=s.repeats,
+        progress=False,
+        run_meta={
+            "cache": "on" if cell.prefix_cache else "off",
+            "dtype": cell.dtype,
+            "mode": mode,
+            "cell": cell.id if mode == "burst" else cell.group_id,
+            "matrix": m.name,
+        },
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         run_capture(cfg)
@@ -80,9 +93,16 @@ def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode:
 
 def _specs(m: Matrix, cell: Cell):
     s = m.settings
-    cfg = CaptureConfig(url="", prompts="", out="", max_tokens=cell.output_tokens, top_logprobs=s.top_logprobs,
-                        ignore_eos=s.ignore_eos, stream=s.stream)
-    return plan(load_prompts(m.prompt_set(cell.prompts).path), cfg)
+    cfg = CaptureConfig(
+        url="",
+        prompts="",
+        out="",
+        max_tokens=cell.output_tokens,
+        top_logprobs=s.top_logprobs,
+        ignore_eos=s.ignore_eos,
+        stream=s.stream,
+    )
+    return plan_requests(load_prompts(m.prompt_set(cell.prompts).path), cfg)
 
 
 def _probe(serial: Path, table, specs) -> tuple[int, dict | None]:
@@ -98,8 +118,11 @@ def _probe(serial: Path, table, specs) -> tuple[int, dict | None]:
     row = min(reused, key=lambda i: (table.prompt_len[i], i)) if reused else rows[0]
     with TraceReader(serial) as r:
         ids = r.tokens(row).token_id.tolist()
-    return index[table.key[row]], {"key": str(table.key[row]), "cached_tokens": int(table.cached_tokens[row]),
-                                   "token_ids": ids}
+    return index[table.key[row]], {
+        "key": str(table.key[row]),
+        "cached_tokens": int(table.cached_tokens[row]),
+        "token_ids": ids,
+    }
 
 
 def _run_cell(m: Matrix, eng, cell: Cell, root: Path, base_table, base_err: str, planned: int) -> CellOutcome:
@@ -111,33 +134,60 @@ def _run_cell(m: Matrix, eng, cell: Cell, root: Path, base_table, base_err: str,
     specs = _specs(m, cell)
     k = m.settings.cancel_streams or min(cell.concurrency, len(specs))
     probe_i, baseline = _probe(root / "groups" / cell.group_id / "serial.h5", base_table, specs)
-    checks = [completion_check("completion_serial", base_table, planned, base_err),
-              completion_check("completion_burst", table, planned, err),
-              prefix_cache_check(table, cell.prefix_cache, None if hits0 is None or hits1 is None else hits1 - hits0)]
+    checks = [
+        completion_check("completion_serial", base_table, planned, base_err),
+        completion_check("completion_burst", table, planned, err),
+        prefix_cache_check(table, cell.prefix_cache, None if hits0 is None or hits1 is None else hits1 - hits0),
+    ]
     ready = m.target(cell.target).ready_path
-    checks += lifecycle_checks(eng.url, specs, probe_i=probe_i, baseline=baseline, k_cancel=k, after_tokens=min(m.settings.cancel_after_tokens,
-                               max(1, cell.output_tokens - 1)), drain_timeout_s=m.settings.drain_timeout_s,
-                               timeout_s=m.settings.timeout_s, ready_path=ready)
-    out = CellOutcome(cell, f"groups/{cell.group_id}/serial.h5" if base_table is not None else None,
-                      f"cells/{cell.id}/burst.h5" if table is not None else None, tuple(checks))
+    checks += lifecycle_checks(
+        eng.url,
+        specs,
+        probe_i=probe_i,
+        baseline=baseline,
+        k_cancel=k,
+        after_tokens=min(m.settings.cancel_after_tokens, max(1, cell.output_tokens - 1)),
+        drain_timeout_s=m.settings.drain_timeout_s,
+        timeout_s=m.settings.timeout_s,
+        ready_path=ready,
+    )
+    out = CellOutcome(
+        cell,
+        f"groups/{cell.group_id}/serial.h5" if base_table is not None else None,
+        f"cells/{cell.id}/burst.h5" if table is not None else None,
+        tuple(checks),
+    )
     _write_outcome(root, out)
     fails = [c.name for c in checks if c.status == "fail"]
-    log(f"  {cell.id}: {len(checks) - len(fails)}/{len(checks)} checks ok{' FAILED ' + ','.join(fails) if fails else ''}"
-        f" ({time.perf_counter() - t0:.1f} s)")
+    log(
+        f"  {cell.id}: {len(checks) - len(fails)}/{len(checks)} checks ok"
+        f"{' FAILED ' + ','.join(fails) if fails else ''}"
+        f" ({time.perf_counter() - t0:.1f} s)"
+    )
     return out
 
 
 def _snapshot(url: str):
     import asyncio
+
     return asyncio.run(metrics_snapshot(url)) or {}
 
 
 def _write_outcome(root: Path, o: CellOutcome) -> None:
     cdir = root / "cells" / o.cell.id
-    _write_json(cdir / "checks.json", {"schema": CHECKS_SCHEMA, "cell": o.cell.id,
-                                       "checks": [c.as_dict() for c in o.checks]})
-    _write_json(cdir / "cell.json", {**o.cell.as_dict(), "baseline": o.baseline, "burst": o.burst,
-                                     "checks": f"cells/{o.cell.id}/checks.json", "diff": f"cells/{o.cell.id}/diff.json"})
+    _write_json(
+        cdir / "checks.json", {"schema": CHECKS_SCHEMA, "cell": o.cell.id, "checks": [c.as_dict() for c in o.checks]}
+    )
+    _write_json(
+        cdir / "cell.json",
+        {
+            **o.cell.as_dict(),
+            "baseline": o.baseline,
+            "burst": o.burst,
+            "checks": f"cells/{o.cell.id}/checks.json",
+            "diff": f"cells/{o.cell.id}/diff.json",
+        },
+    )
 
 
 def _failed_cells(cells: list[Cell], root: Path, why: str) -> list[CellOutcome]:
@@ -161,8 +211,9 @@ def _run_engine(m: Matrix, cells: list[Cell], root: Path, engines_info: dict) ->
         info.update(error=str(e), command=engines.command_for(t, first))
         _write_json(root / "engines" / f"{first.engine_id}.json", info)
         return _failed_cells(cells, root, f"engine did not start: {e}")
-    info.update(command=eng.command, url=eng.url, startup_s=round(eng.startup_s, 2),
-                self_report=engines.self_report(eng.url))
+    info.update(
+        command=eng.command, url=eng.url, startup_s=round(eng.startup_s, 2), self_report=engines.self_report(eng.url)
+    )
     outs = []
     try:
         for gid, group in groupby(cells, key=lambda c: c.group_id):

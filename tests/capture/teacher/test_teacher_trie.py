@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from capture.teacher.history import parse_histories
-from capture.teacher.runner import load_model, run_histories
+from capture.teacher.model import load_model
+from capture.teacher.trie import run_histories
 
 HISTORIES = "full,prefix:7,prefix:24,chunked:7,chunked:24,decode"
 
@@ -30,7 +31,7 @@ def test_fp32_histories_agree_with_a_plain_forward(random_model_dir):
     ids, p, g = _batch()
     out = run_histories(lm, ids[:, :-1], p - 1, _resolve(p, g))
     with torch.inference_mode():
-        plain = lm.model(input_ids=ids[:, :-1], use_cache=False).logits[:, p - 1:]   # [N, G, V]
+        plain = lm.model(input_ids=ids[:, :-1], use_cache=False).logits[:, p - 1 :]  # [N, G, V]
     assert set(out) == {"full", "prefix:7", "prefix:24", "chunked:7", "chunked:24", "decode"}
     for label, logits in out.items():
         assert logits.shape == plain.shape, label
@@ -73,8 +74,10 @@ def test_lower_right_attention_is_bitwise_sdpa_on_cpu(random_model_dir, dtype):
 
     ids, p, g = _batch(n=2, p=40, g=16)
     hists = _resolve(p, g, "full,prefix:17,chunked:7,decode")
-    out = {attn: run_histories(load_model(str(random_model_dir), dtype, attn=attn), ids[:, :-1], p - 1, hists)
-           for attn in ("sdpa", "sdpa_lower_right")}
+    out = {
+        attn: run_histories(load_model(str(random_model_dir), dtype, attn=attn), ids[:, :-1], p - 1, hists)
+        for attn in ("sdpa", "sdpa_lower_right")
+    }
     for h in hists:
         assert torch.equal(out["sdpa"][h.label], out["sdpa_lower_right"][h.label]), h.label
 
@@ -86,7 +89,7 @@ def test_lower_right_attention_with_padding_takes_transformers_mask(random_model
 
     ids, _, _ = _batch(n=2, p=20, g=4)
     mask = torch.ones_like(ids)
-    mask[0, :5] = 0                                                   # left padding on row 0
+    mask[0, :5] = 0  # left padding on row 0
     logits = {}
     for attn in ("sdpa", "sdpa_lower_right"):
         lm = load_model(str(random_model_dir), "fp32", attn=attn)
@@ -95,7 +98,7 @@ def test_lower_right_attention_with_padding_takes_transformers_mask(random_model
     assert torch.equal(logits["sdpa"], logits["sdpa_lower_right"])
     with torch.inference_mode():
         unpadded = lm.model(input_ids=ids).logits
-    assert (unpadded[0] - logits["sdpa"][0]).abs().max().item() > 1e-3   # the mask did something
+    assert (unpadded[0] - logits["sdpa"][0]).abs().max().item() > 1e-3  # the mask did something
 
 
 def test_decode_over_a_thousand_tokens_agrees_with_full(random_model_dir):
@@ -123,9 +126,9 @@ def test_lower_right_mask_lets_the_last_query_see_every_key():
 
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, h, n, 16, generator=gen, dtype=torch.float64) for h, n in ((4, 5), (2, 9), (2, 9)))
-    out, _ = lower_right_sdpa(Attn(), q, k, v, None, scaling=0.25)            # [1, 5, 4, 16]
-    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)     # [1, 4, 9, 16]
-    scores = q @ kk.transpose(-1, -2) * 0.25                                  # [1, 4, 5, 9]
+    out, _ = lower_right_sdpa(Attn(), q, k, v, None, scaling=0.25)  # [1, 5, 4, 16]
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # [1, 4, 9, 16]
+    scores = q @ kk.transpose(-1, -2) * 0.25  # [1, 4, 5, 9]
     allowed = torch.arange(9)[None, :] <= torch.arange(5)[:, None] + (9 - 5)
     ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ vv
     assert (out - ref.transpose(1, 2)).abs().max().item() < 1e-12
@@ -143,9 +146,11 @@ def test_square_path_is_lower_right_attention():
     k, v = (torch.randn(2, 2, 9, 16, generator=gen, dtype=torch.float64) for _ in range(2))
     kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     allowed = torch.arange(9)[None, :] <= torch.arange(5)[:, None] + (9 - 5)
-    for q in (torch.randn(2, 5, 4, 16, generator=gen, dtype=torch.float64).transpose(1, 2),
-              torch.randn(2, 4, 5, 16, generator=gen, dtype=torch.float64)):
-        out = _square(q, k, v, 0.0, 0.25, 2)                                       # [2, 5, 4, 16]
+    for q in (
+        torch.randn(2, 5, 4, 16, generator=gen, dtype=torch.float64).transpose(1, 2),
+        torch.randn(2, 4, 5, 16, generator=gen, dtype=torch.float64),
+    ):
+        out = _square(q, k, v, 0.0, 0.25, 2)  # [2, 5, 4, 16]
         scores = (q @ kk.transpose(-1, -2) * 0.25).masked_fill(~allowed, float("-inf"))
         ref = (torch.softmax(scores, dim=-1) @ vv).transpose(1, 2)
         assert out.shape == (2, 5, 4, 16) and out.is_contiguous()

@@ -18,8 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(dtype: str, identical: int, pairs: int = 8, flips: int = 0) -> CellRow:
-    summary = {"pairs": pairs, "identical": identical, "bf16_tie_flip": flips, "cache_boundary": 0, "post_eos": 0,
-               "unexplained": pairs - identical - flips, "incomparable": 0}
+    summary = {
+        "pairs": pairs,
+        "identical": identical,
+        "bf16_tie_flip": flips,
+        "cache_boundary": 0,
+        "post_eos": 0,
+        "unexplained": pairs - identical - flips,
+        "incomparable": 0,
+    }
     return CellRow({"id": f"ref.{dtype}", "dtype": dtype}, summary, ())
 
 
@@ -37,8 +44,14 @@ def test_verdict_passes_with_bf16_flips_and_fp32_n_of_n():
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    p = subprocess.run([sys.executable, "-m", "tracekit", "demo", "--out", str(out)], capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "tracekit", "demo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "FP32 control: 80/80 identical across 6 cells (N/N, as required)." in p.stdout
     doc = json.loads((out / "report" / "summary.json").read_text())

@@ -48,11 +48,18 @@ def _as_select(sel: str | dict | None) -> dict[str, str]:
     return parse_select(sel) if isinstance(sel, (str, type(None))) else dict(sel)
 
 
-def diff(a: str | os.PathLike | TraceReader, b: str | os.PathLike | TraceReader, *,
-         tie_ulps: float = Thresholds.tie_ulps, tie_nats: float = Thresholds.tie_nats,
-         drift_nats: float = Thresholds.drift_nats, a_select: str | dict | None = None,
-         b_select: str | dict | None = None, eos: Iterable[int] = (),
-         teacher: str | os.PathLike | TraceReader | None = None) -> DiffResult:
+def diff(
+    a: str | os.PathLike | TraceReader,
+    b: str | os.PathLike | TraceReader,
+    *,
+    tie_ulps: float = Thresholds.tie_ulps,
+    tie_nats: float = Thresholds.tie_nats,
+    drift_nats: float = Thresholds.drift_nats,
+    a_select: str | dict | None = None,
+    b_select: str | dict | None = None,
+    eos: Iterable[int] = (),
+    teacher: str | os.PathLike | TraceReader | None = None,
+) -> DiffResult:
     """Compare trace b with the reference a, request by request (paired by key).
 
     a_select/b_select pick rows of a teacher-forced trace ("history=full,dtype=fp32").
@@ -63,8 +70,10 @@ def diff(a: str | os.PathLike | TraceReader, b: str | os.PathLike | TraceReader,
     with contextlib.ExitStack() as stack:
         ra, rb = _open(stack, a), _open(stack, b)
         if os.path.abspath(ra.path) == os.path.abspath(rb.path) and not (a_select or b_select):
-            raise ConfigError(f"A and B are the same file ({ra.path}); pass two traces "
-                              "(or --a-select/--b-select to compare rows of one teacher-forced file)")
+            raise ConfigError(
+                f"A and B are the same file ({ra.path}); pass two traces "
+                "(or --a-select/--b-select to compare rows of one teacher-forced file)"
+            )
         side_a = load_side(ra, _as_select(a_select), "a")
         side_b = load_side(rb, _as_select(b_select), "b")
         ids, src = eos_ids(side_a, side_b, eos)
@@ -75,6 +84,7 @@ def diff(a: str | os.PathLike | TraceReader, b: str | os.PathLike | TraceReader,
         notes = []
         if teacher is not None:
             from .teacher import cross_check
+
             cols["teacher"] = cross_check(_open(stack, teacher), al, cols)
             notes.append("teacher-forced verdicts are a cross-check; the classes come from the HTTP traces")
         return DiffResult(ra.path, rb.path, thr, ids, src, cols, tuple(notes))

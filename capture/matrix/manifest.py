@@ -41,14 +41,32 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_manifest(root: str | Path, *, matrix: dict, engines: dict, cells: list[dict], started_utc: str,
-                   argv: list[str] | None = None, extra: dict | None = None) -> dict:
+def write_manifest(
+    root: str | Path,
+    *,
+    matrix: dict,
+    engines: dict,
+    cells: list[dict],
+    started_utc: str,
+    argv: list[str] | None = None,
+    extra: dict | None = None,
+) -> dict:
     """Write DIR/manifest.json and return it. `engines`: engine_id -> command, url, self-report, log."""
     root = Path(root)
-    doc = {"schema": SCHEMA, "tool": f"tracekit {__version__}", "git_commit": git_commit(),
-           "command": command_line(argv), "host": host_info(), "started_utc": started_utc,
-           "finished_utc": now_utc(), "matrix": matrix, "engines": engines, "cells": cells, **(extra or {}),
-           "files": file_hashes(root)}
+    doc = {
+        "schema": SCHEMA,
+        "tool": f"tracekit {__version__}",
+        "git_commit": git_commit(),
+        "command": command_line(argv),
+        "host": host_info(),
+        "started_utc": started_utc,
+        "finished_utc": now_utc(),
+        "matrix": matrix,
+        "engines": engines,
+        "cells": cells,
+        **(extra or {}),
+        "files": file_hashes(root),
+    }
     (root / NAME).write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 

@@ -22,14 +22,14 @@ from pathlib import Path
 from tracekit.engine.process import EngineProcess, start_engine
 from tracekit.errors import EngineError
 
-from .matrix import Cell, Target
+from .spec import Cell, Target
 
 
 @dataclass
 class RunningEngine:
     engine_id: str
     url: str
-    command: list[str] | None          # None for a `url` target (not started by us)
+    command: list[str] | None  # None for a `url` target (not started by us)
     log_path: str | None
     proc: EngineProcess | None
     startup_s: float

@@ -78,7 +78,7 @@ class CaptureSummary:
     tokens: int
     wall_s: float
     dialect: str
-    latency: dict = field(default_factory=dict)   # ok requests: ttft_s / e2e_s / itl_s -> p50, p90, p99
+    latency: dict = field(default_factory=dict)  # ok requests: ttft_s / e2e_s / itl_s -> p50, p90, p99
     failures: list = field(default_factory=list)  # (key, status, error) of the first 20 failed requests
 
     @property
@@ -86,10 +86,18 @@ class CaptureSummary:
         return sum(v for k, v in self.counts.items() if k != "ok")
 
     def as_dict(self) -> dict:
-        return {"out": self.out, "planned": self.planned, "kept_from_resume": self.kept, "counts": self.counts,
-                "tokens": self.tokens, "wall_s": round(self.wall_s, 3), "dialect": self.dialect,
-                "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
-                "latency": self.latency, "failures": [list(f) for f in self.failures]}
+        return {
+            "out": self.out,
+            "planned": self.planned,
+            "kept_from_resume": self.kept,
+            "counts": self.counts,
+            "tokens": self.tokens,
+            "wall_s": round(self.wall_s, 3),
+            "dialect": self.dialect,
+            "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
+            "latency": self.latency,
+            "failures": [list(f) for f in self.failures],
+        }
 
 
 def _percentiles(samples: dict[str, list]) -> dict:
@@ -117,17 +125,25 @@ def parse_arrival(arrival: str) -> float | None:
     return r
 
 
-def plan(prompts: list[Prompt], cfg: CaptureConfig) -> list[RequestSpec]:
+def plan_requests(prompts: list[Prompt], cfg: CaptureConfig) -> list[RequestSpec]:
     """Prompt set x repeats -> request specs; key = id, or id#r<k> when repeating."""
     specs = []
     for k in range(cfg.repeat):
         for p in prompts:
             o = p.overrides
-            specs.append(RequestSpec(
-                key=p.id if cfg.repeat == 1 else f"{p.id}#r{k}", prompt=p.prompt,
-                max_tokens=o.get("max_tokens", cfg.max_tokens), top_logprobs=o.get("top_logprobs", cfg.top_logprobs),
-                ignore_eos=o.get("ignore_eos", cfg.ignore_eos), stream=cfg.stream, model=cfg.model,
-                temperature=float(o.get("temperature", 0.0)), extra=p.extra))
+            specs.append(
+                RequestSpec(
+                    key=p.id if cfg.repeat == 1 else f"{p.id}#r{k}",
+                    prompt=p.prompt,
+                    max_tokens=o.get("max_tokens", cfg.max_tokens),
+                    top_logprobs=o.get("top_logprobs", cfg.top_logprobs),
+                    ignore_eos=o.get("ignore_eos", cfg.ignore_eos),
+                    stream=cfg.stream,
+                    model=cfg.model,
+                    temperature=float(o.get("temperature", 0.0)),
+                    extra=p.extra,
+                )
+            )
     return specs
 
 
@@ -181,9 +197,11 @@ def _check_resumable(out: Path, cfg: CaptureConfig) -> None:
         return
     with TraceReader(out) as r:
         if r.meta.source != "http" or r.layout.topk != cfg.top_logprobs:
-            raise ConfigError(f"{out}: cannot --resume: it holds a {r.meta.source} capture with top-k "
-                              f"{r.layout.topk}, this run asks for an http capture with --top-logprobs "
-                              f"{cfg.top_logprobs}")
+            raise ConfigError(
+                f"{out}: cannot --resume: it holds a {r.meta.source} capture with top-k "
+                f"{r.layout.topk}, this run asks for an http capture with --top-logprobs "
+                f"{cfg.top_logprobs}"
+            )
 
 
 def _ok_rows(reader: TraceReader) -> dict[str, int]:
@@ -198,18 +216,31 @@ def _sha256(path: str) -> str:
 def _run_meta(cfg: CaptureConfig, pr, mapper: TokenMapper | None, n_prompts: int, rate) -> dict:
     eos = pr.eos_token_ids or (mapper.eos_token_ids() if mapper else [])
     return base_run(
-        target=cfg.url, dialect=pr.dialect, dialect_reason=pr.reason, engine=pr.engine,
-        model=cfg.model or pr.model, tokenizer=cfg.tokenizer or pr.tokenizer or None, eos_token_ids=eos,
+        target=cfg.url,
+        dialect=pr.dialect,
+        dialect_reason=pr.reason,
+        engine=pr.engine,
+        model=cfg.model or pr.model,
+        tokenizer=cfg.tokenizer or pr.tokenizer or None,
+        eos_token_ids=eos,
         concurrency=cfg.concurrency,
-        sampling={"max_tokens": cfg.max_tokens, "top_logprobs": cfg.top_logprobs, "ignore_eos": cfg.ignore_eos,
-                  "temperature": 0.0, "stream": cfg.stream},
+        sampling={
+            "max_tokens": cfg.max_tokens,
+            "top_logprobs": cfg.top_logprobs,
+            "ignore_eos": cfg.ignore_eos,
+            "temperature": 0.0,
+            "stream": cfg.stream,
+        },
         cache={"reported_by": CACHE_FIELD.get(pr.dialect, "unknown"), "setting": cfg.run_meta.get("cache", "unknown")},
         token_ids=("engine ids where sent; token strings mapped with the tokenizer at " + cfg.tokenizer)
-        if cfg.tokenizer else "engine ids where sent; strings-only engines leave -1 (no --tokenizer)",
+        if cfg.tokenizer
+        else "engine ids where sent; strings-only engines leave -1 (no --tokenizer)",
         arrival=cfg.arrival if rate is None else {"poisson_rate_per_s": rate, "seed": cfg.seed},
-        repeat=cfg.repeat, timeout_s=cfg.timeout_s,
+        repeat=cfg.repeat,
+        timeout_s=cfg.timeout_s,
         prompts={"path": cfg.prompts, "sha256": _sha256(cfg.prompts), "n": n_prompts},
-        **{k: v for k, v in cfg.run_meta.items() if k != "cache"})
+        **{k: v for k, v in cfg.run_meta.items() if k != "cache"},
+    )
 
 
 def run_capture(cfg: CaptureConfig) -> CaptureSummary:
@@ -225,7 +256,7 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
     rate = parse_arrival(cfg.arrival)
     prompts = load_prompts(cfg.prompts)
     mapper = TokenMapper(cfg.tokenizer) if cfg.tokenizer else None
-    specs = plan(prompts, cfg)
+    specs = plan_requests(prompts, cfg)
     api_key = _api_key(cfg.api_key_env)
     base = cfg.url.rstrip("/")
     out = Path(cfg.out)
@@ -237,8 +268,11 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
             specs = [dataclasses.replace(s, model=model, extra={**pr.extra_body, **s.extra}) for s in specs]
         for s in specs:
             dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
-        meta = RunMeta(source="http", run=_run_meta(cfg, pr, mapper, len(prompts), rate),
-                       layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits))
+        meta = RunMeta(
+            source="http",
+            run=_run_meta(cfg, pr, mapper, len(prompts), rate),
+            layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits),
+        )
         _check_resumable(out, cfg)
         prev = _resume_source(out, cfg.resume)
         kept = 0
@@ -251,13 +285,13 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
                     kept = copy_requests(reader, writer, sorted(ok.values()))
                 specs = [s for s in specs if s.key not in ok]
             t0 = time.perf_counter()
-            counts, ntok, (lat, failures) = await _send_all(session, base, dialect, specs, cfg, writer, mapper,
-                                                            rate)
+            counts, ntok, (lat, failures) = await _send_all(session, base, dialect, specs, cfg, writer, mapper, rate)
             wall = time.perf_counter() - t0
         if prev is not None:
             prev.unlink()
-    return CaptureSummary(str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat),
-                          failures)
+    return CaptureSummary(
+        str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures
+    )
 
 
 async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) -> tuple[dict, int, tuple]:
@@ -321,9 +355,23 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
 def _write_cancelled(writer: TraceWriter, specs: list[RequestSpec], started: dict, now: float) -> None:
     """In-flight requests of an interrupted run become `cancelled` rows; unsent ones stay
     missing (--resume runs them)."""
-    writer.append_many([(RequestRecord(key=s.key, prompt_hash=prompt_hash(s.prompt), status="cancelled",
-                                       error="capture interrupted", t_sent_s=started[s.key], t_done_s=now),
-                         None, None) for s in specs])
+    writer.append_many(
+        [
+            (
+                RequestRecord(
+                    key=s.key,
+                    prompt_hash=prompt_hash(s.prompt),
+                    status="cancelled",
+                    error="capture interrupted",
+                    t_sent_s=started[s.key],
+                    t_done_s=now,
+                ),
+                None,
+                None,
+            )
+            for s in specs
+        ]
+    )
 
 
 def _flag_unknown_ids(outcome: Outcome, tokenizer: str | None) -> Outcome:

@@ -45,8 +45,8 @@ _METRIC = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$"
 @dataclass(frozen=True)
 class CheckResult:
     name: str
-    status: str                  # "pass" | "fail" | "skip"
-    summary: str                 # one line with the numbers that decided it
+    status: str  # "pass" | "fail" | "skip"
+    summary: str  # one line with the numbers that decided it
     evidence: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -76,8 +76,9 @@ def completion_check(name: str, table: RequestTable | None, planned: int, error:
     ok = counts.get("ok", 0)
     errors = sorted({e for e, s in zip(table.error, table.status) if s != "ok" and e})[:3]
     status = "pass" if ok == planned and len(table) == planned else "fail"
-    return CheckResult(name, status, f"{ok}/{planned} completed", {"counts": counts, "planned": planned,
-                                                                   "errors": errors})
+    return CheckResult(
+        name, status, f"{ok}/{planned} completed", {"counts": counts, "planned": planned, "errors": errors}
+    )
 
 
 def prefix_cache_check(table: RequestTable | None, cache_on: bool, hits_delta: float | None) -> CheckResult:
@@ -85,18 +86,31 @@ def prefix_cache_check(table: RequestTable | None, cache_on: bool, hits_delta: f
         return CheckResult("prefix_cache", "skip", "no burst rows to inspect")
     ct = table.cached_tokens[table.status == "ok"]
     known = ct[ct >= 0]
-    ev = {"requests": int(len(ct)), "reported": int(len(known)), "reused": int(np.sum(known > 0)),
-          "mean_cached_tokens": float(known.mean()) if len(known) else None, "metrics_hits_delta": hits_delta}
+    ev = {
+        "requests": int(len(ct)),
+        "reported": int(len(known)),
+        "reused": int(np.sum(known > 0)),
+        "mean_cached_tokens": float(known.mean()) if len(known) else None,
+        "metrics_hits_delta": hits_delta,
+    }
     if not len(known) and hits_delta is None:
         return CheckResult("prefix_cache", "skip", "engine reports neither cached_tokens nor a hit counter", ev)
     reused = int(np.sum(known > 0)) if len(known) else 0
     hit = reused > 0 or (hits_delta or 0) > 0
     if cache_on:
-        return CheckResult("prefix_cache", "pass" if hit else "fail",
-                           f"{reused}/{len(ct)} burst requests reused a prefix (expected > 0); "
-                           f"hit counter +{hits_delta if hits_delta is not None else '?'}", ev)
-    return CheckResult("prefix_cache", "fail" if hit else "pass",
-                       f"cache off: {reused}/{len(ct)} requests reported reuse (expected 0)", ev)
+        return CheckResult(
+            "prefix_cache",
+            "pass" if hit else "fail",
+            f"{reused}/{len(ct)} burst requests reused a prefix (expected > 0); "
+            f"hit counter +{hits_delta if hits_delta is not None else '?'}",
+            ev,
+        )
+    return CheckResult(
+        "prefix_cache",
+        "fail" if hit else "pass",
+        f"cache off: {reused}/{len(ct)} requests reported reuse (expected 0)",
+        ev,
+    )
 
 
 async def _metrics(session: aiohttp.ClientSession, base: str) -> dict[str, float] | None:
@@ -117,15 +131,16 @@ async def _stream_then_disconnect(session, base: str, dialect, spec: RequestSpec
     body = dialect.body(dataclasses.replace(spec, stream=True))
     got = 0
     try:
-        async with session.post(base + dialect.route(True), data=json.dumps(body),
-                                headers={"Content-Type": "application/json"}) as resp:
+        async with session.post(
+            base + dialect.route(True), data=json.dumps(body), headers={"Content-Type": "application/json"}
+        ) as resp:
             if resp.status != 200:
                 return {"key": spec.key, "http_status": resp.status, "tokens_read": 0}
             dec = SSEDecoder()
             async for chunk in resp.content.iter_any():
                 got += sum(1 for ev in dec.feed(chunk) if ev.data and ev.data != "[DONE]")
                 if got >= n_tokens:
-                    resp.close()   # closes the socket: the engine sees a disconnect mid-stream
+                    resp.close()  # closes the socket: the engine sees a disconnect mid-stream
                     break
             return {"key": spec.key, "http_status": resp.status, "tokens_read": got}
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -145,19 +160,39 @@ async def _drain(session, base: str, timeout_s: float, before: dict | None) -> C
         await asyncio.sleep(0.05)
         m = await _metrics(session, base) or m
     cancelled = metric(m, "requests_cancelled_total")
-    delta = None if cancelled is None or before is None else cancelled - (metric(before, "requests_cancelled_total") or 0)
-    ev = {"seconds_to_idle": round(waited, 3), "running": running, "waiting": waiting, "timeout_s": timeout_s,
-          "cancelled_counter_delta": delta, "slots_busy": metric(m, "slots_busy")}
+    delta = (
+        None if cancelled is None or before is None else cancelled - (metric(before, "requests_cancelled_total") or 0)
+    )
+    ev = {
+        "seconds_to_idle": round(waited, 3),
+        "running": running,
+        "waiting": waiting,
+        "timeout_s": timeout_s,
+        "cancelled_counter_delta": delta,
+        "slots_busy": metric(m, "slots_busy"),
+    }
     if running == 0 and waiting == 0:
-        return CheckResult("cancel_drain", "pass", f"idle {waited:.2f} s after the disconnects "
-                           f"(cancelled counter +{delta if delta is not None else '?'})", ev)
-    return CheckResult("cancel_drain", "fail", f"still {running:g} running / {waiting:g} waiting after "
-                       f"{timeout_s:g} s", ev)
+        return CheckResult(
+            "cancel_drain",
+            "pass",
+            f"idle {waited:.2f} s after the disconnects (cancelled counter +{delta if delta is not None else '?'})",
+            ev,
+        )
+    return CheckResult(
+        "cancel_drain", "fail", f"still {running:g} running / {waiting:g} waiting after {timeout_s:g} s", ev
+    )
 
 
 def _outcome_view(o, acc) -> dict:
-    return {"key": o.record.key, "status": o.record.status, "http_status": o.record.http_status, "error": o.record.error[:200],
-            "cached_tokens": o.record.cached_tokens, "token_ids": list(acc.ids), "n_tokens": len(acc.lps)}
+    return {
+        "key": o.record.key,
+        "status": o.record.status,
+        "http_status": o.record.http_status,
+        "error": o.record.error[:200],
+        "cached_tokens": o.record.cached_tokens,
+        "token_ids": list(acc.ids),
+        "n_tokens": len(acc.lps),
+    }
 
 
 def _first_diff(a: list, b: list) -> int | None:
@@ -168,8 +203,9 @@ def _first_diff(a: list, b: list) -> int | None:
 def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: list) -> CheckResult:
     ev = {"probe_key": after["key"], "before": before, "after": after, "baseline": baseline}
     if before["status"] != "ok" or after["status"] != "ok":
-        return CheckResult("cancel_then_match", "fail", f"probe status before {before['status']}, after "
-                           f"{after['status']}", ev)
+        return CheckResult(
+            "cancel_then_match", "fail", f"probe status before {before['status']}, after {after['status']}", ev
+        )
     n = min(len(lp_a), len(lp_b))
     dlp = float(np.nanmax(np.abs(np.subtract(lp_a[:n], lp_b[:n])))) if n else float("nan")
     ev["max_abs_dlogprob_vs_before"] = dlp
@@ -188,32 +224,48 @@ def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: l
         if first is None:
             parts.append(f"= {name}")
         else:
-            problems.append(f"differs from {name} from position {first} (same reused prefix "
-                            f"{after['cached_tokens']})")
+            problems.append(f"differs from {name} from position {first} (same reused prefix {after['cached_tokens']})")
     if problems:
         return CheckResult("cancel_then_match", "fail", f"{after['key']} after the drain: " + "; ".join(problems), ev)
-    return CheckResult("cancel_then_match", "pass", f"{after['key']}: {len(after['token_ids'])} tokens "
-                       + ", ".join(parts) + f"; max |Δlogprob| {dlp:.3g}", ev)
+    return CheckResult(
+        "cancel_then_match",
+        "pass",
+        f"{after['key']}: {len(after['token_ids'])} tokens " + ", ".join(parts) + f"; max |Δlogprob| {dlp:.3g}",
+        ev,
+    )
 
 
 async def _bad_request(session, base: str, dialect, spec: RequestSpec, ready_path: str, clock) -> CheckResult:
     body = dialect.body(dataclasses.replace(spec, stream=False))
     body["max_tokens"] = -1
-    async with session.post(base + dialect.route(False), data=json.dumps(body),
-                            headers={"Content-Type": "application/json"}) as r:
+    async with session.post(
+        base + dialect.route(False), data=json.dumps(body), headers={"Content-Type": "application/json"}
+    ) as r:
         status, text = r.status, (await r.text(errors="replace"))[:300]
     async with session.get(base + ready_path) as r:
         health = r.status
     o, acc = await send(session, base, dialect, dataclasses.replace(spec, max_tokens=2, key="after-bad"), clock)
     ev = {"http_status": status, "body": text, "health_after": health, "request_after": o.record.status}
     ok = status == 400 and health == 200 and o.record.status == "ok"
-    return CheckResult("bad_request", "pass" if ok else "fail",
-                       f"max_tokens=-1 -> HTTP {status} (want 400); health {health}; next request "
-                       f"{o.record.status}", ev)
+    return CheckResult(
+        "bad_request",
+        "pass" if ok else "fail",
+        f"max_tokens=-1 -> HTTP {status} (want 400); health {health}; next request {o.record.status}",
+        ev,
+    )
 
 
-async def _lifecycle(url: str, specs: list[RequestSpec], probe_i: int, baseline: dict | None, k_cancel: int,
-                     after_tokens: int, drain_timeout_s: float, timeout_s: float, ready_path: str) -> list[CheckResult]:
+async def _lifecycle(
+    url: str,
+    specs: list[RequestSpec],
+    probe_i: int,
+    baseline: dict | None,
+    k_cancel: int,
+    after_tokens: int,
+    drain_timeout_s: float,
+    timeout_s: float,
+    ready_path: str,
+) -> list[CheckResult]:
     base = url.rstrip("/")
     async with make_session(k_cancel + 2, timeout_s) as session:
         pr = await probe(session, base, "auto")
@@ -222,8 +274,9 @@ async def _lifecycle(url: str, specs: list[RequestSpec], probe_i: int, baseline:
         clock = Clock()
         before_m = await _metrics(session, base)
         o1, acc1 = await send(session, base, d, specs[probe_i], clock)
-        cancels = await asyncio.gather(*[_stream_then_disconnect(session, base, d, specs[i % len(specs)], after_tokens)
-                                         for i in range(k_cancel)])
+        cancels = await asyncio.gather(
+            *[_stream_then_disconnect(session, base, d, specs[i % len(specs)], after_tokens) for i in range(k_cancel)]
+        )
         drain = await _drain(session, base, drain_timeout_s, before_m)
         drain.evidence["streams"] = cancels
         o2, acc2 = await send(session, base, d, specs[probe_i], clock)
@@ -232,13 +285,23 @@ async def _lifecycle(url: str, specs: list[RequestSpec], probe_i: int, baseline:
     return [drain, match, bad]
 
 
-def lifecycle_checks(url: str, specs: list[RequestSpec], *, probe_i: int = 0, baseline: dict | None = None,
-                     k_cancel: int, after_tokens: int, drain_timeout_s: float, timeout_s: float,
-                     ready_path: str = "/health") -> list[CheckResult]:
+def lifecycle_checks(
+    url: str,
+    specs: list[RequestSpec],
+    *,
+    probe_i: int = 0,
+    baseline: dict | None = None,
+    k_cancel: int,
+    after_tokens: int,
+    drain_timeout_s: float,
+    timeout_s: float,
+    ready_path: str = "/health",
+) -> list[CheckResult]:
     """Cancellation, drain, match and bad-request checks against a running engine (blocking).
     specs[probe_i] is the probe; baseline: its serial row {token_ids, cached_tokens} or None."""
     try:
-        return asyncio.run(_lifecycle(url, specs, probe_i, baseline, k_cancel, after_tokens, drain_timeout_s,
-                                      timeout_s, ready_path))
+        return asyncio.run(
+            _lifecycle(url, specs, probe_i, baseline, k_cancel, after_tokens, drain_timeout_s, timeout_s, ready_path)
+        )
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, TracekitError) as e:
         return [CheckResult("lifecycle", "fail", f"checks could not run: {type(e).__name__}: {e}")]

@@ -24,15 +24,21 @@ pytestmark = pytest.mark.slow
 
 
 def tk(*args, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=ENV, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "cpu_small"
     p = tk("run", ROOT / "fixtures/matrix/cpu_small.toml", "--out", out)
-    assert p.returncode == 1, p.stderr          # the faulty cell fails the run
+    assert p.returncode == 1, p.stderr  # the faulty cell fails the run
     assert "8/9 cells pass" in p.stdout
     return out
 
@@ -50,11 +56,17 @@ def test_report_flags_the_faulty_cell_and_passes_the_healthy_ones(run_dir):
         if cid == FAULT:
             continue
         assert c["verdict"] == "pass" and not c["failed_checks"], c
-        assert set(c["checks"]) == {"completion_serial", "completion_burst", "prefix_cache", "cancel_drain",
-                                    "cancel_then_match", "bad_request"}
+        assert set(c["checks"]) == {
+            "completion_serial",
+            "completion_burst",
+            "prefix_cache",
+            "cancel_drain",
+            "cancel_then_match",
+            "bad_request",
+        }
         assert all(v == "pass" for v in c["checks"].values()), c["checks"]
         assert c["classes"]["unexplained"] == c["classes"]["incomparable"] == 0
-        if c["dtype"] == "fp32":   # FP32 controls: serial == concurrent, N/N
+        if c["dtype"] == "fp32":  # FP32 controls: serial == concurrent, N/N
             assert c["equality"] == "8/8", c
         assert c["perf"]["tokens_per_s"] > 0 and c["perf"]["ttft_ms_p50"] > 0
     md = (run_dir / "report" / "report.md").read_text()
@@ -68,9 +80,9 @@ def test_checks_keep_their_evidence(run_dir):
     assert m["evidence"]["first_difference_vs_baseline"] is not None
     healthy = json.loads((run_dir / "cells/ref.bf16.cache-on.cpu_small.out32.c8/checks.json").read_text())["checks"]
     h = {c["name"]: c for c in healthy}
-    assert h["cancel_drain"]["evidence"]["cancelled_counter_delta"] == 8      # every dropped stream was seen
+    assert h["cancel_drain"]["evidence"]["cancelled_counter_delta"] == 8  # every dropped stream was seen
     assert h["cancel_drain"]["evidence"]["running"] == 0
-    assert h["prefix_cache"]["evidence"]["reused"] == 8                      # burst re-sent cached prompts
+    assert h["prefix_cache"]["evidence"]["reused"] == 8  # burst re-sent cached prompts
     assert h["bad_request"]["evidence"]["http_status"] == 400
     off = json.loads((run_dir / "cells/ref.fp32.cache-off.cpu_small.out32.c4/checks.json").read_text())["checks"]
     assert next(c for c in off if c["name"] == "prefix_cache")["evidence"]["reused"] == 0
@@ -100,9 +112,11 @@ def test_plots_are_pngs(run_dir):
 
 def test_engine_that_does_not_start_fails_its_cells(tmp_path):
     m = tmp_path / "m.toml"
-    m.write_text(f'[[prompts]]\nname = "p"\npath = "{ROOT}/fixtures/prompts/cpu_small.jsonl"\n'
-                 '[[target]]\nname = "broken"\nserve = ["--model", "/nonexistent/model"]\n'
-                 '[run]\nready_timeout_s = 60\n')
+    m.write_text(
+        f'[[prompts]]\nname = "p"\npath = "{ROOT}/fixtures/prompts/cpu_small.jsonl"\n'
+        '[[target]]\nname = "broken"\nserve = ["--model", "/nonexistent/model"]\n'
+        "[run]\nready_timeout_s = 60\n"
+    )
     out = tmp_path / "out"
     p = tk("run", m, "--out", out, "--json")
     assert p.returncode == 1, p.stderr

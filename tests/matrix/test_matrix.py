@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from capture.runner import load_matrix
-from capture.runner.lifecycle import parse_metrics, metric
+from capture.matrix import load_matrix
+from capture.matrix.lifecycle import metric, parse_metrics
 from tracekit.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,18 +57,21 @@ serve = []
 """
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ("[axes]\ndtype = ['fp8']", "dtype ['fp8']: each must be one of fp32, bf16, fp16"),
-    ("[axes]\nconcurency = [4]", "unknown key(s) ['concurency']"),
-    ("[axes]\nconcurrency = [0]", "'concurrency' values must be >= 1"),
-    ("[axes]\nconcurrency = [4, 4]", "lists a value twice"),
-    ("[axes]\nprompts = ['nope']", "prompts ['nope'] (target ref) are not [[prompts]] names"),
-    ("[run]\ntimeout_s = 'soon'", "'timeout_s' must be a number"),
-    ("[[target]]\nname = 'x'\nurl = 'http://127.0.0.1:1'", "a 'url' target is one fixed engine"),
-    ("[[target]]\nname = 'x'\ncommand = ['vllm']", "a 'command' target needs 'url'"),
-    ("[[target]]\nname = 'ref'\nserve = []", "two [[target]] tables share a name"),
-    ("[[prompts]]\nname = 'q'\npath = 'missing.jsonl'", "missing.jsonl does not exist"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ("[axes]\ndtype = ['fp8']", "dtype ['fp8']: each must be one of fp32, bf16, fp16"),
+        ("[axes]\nconcurency = [4]", "unknown key(s) ['concurency']"),
+        ("[axes]\nconcurrency = [0]", "'concurrency' values must be >= 1"),
+        ("[axes]\nconcurrency = [4, 4]", "lists a value twice"),
+        ("[axes]\nprompts = ['nope']", "prompts ['nope'] (target ref) are not [[prompts]] names"),
+        ("[run]\ntimeout_s = 'soon'", "'timeout_s' must be a number"),
+        ("[[target]]\nname = 'x'\nurl = 'http://127.0.0.1:1'", "a 'url' target is one fixed engine"),
+        ("[[target]]\nname = 'x'\ncommand = ['vllm']", "a 'command' target needs 'url'"),
+        ("[[target]]\nname = 'ref'\nserve = []", "two [[target]] tables share a name"),
+        ("[[prompts]]\nname = 'q'\npath = 'missing.jsonl'", "missing.jsonl does not exist"),
+    ],
+)
 def test_bad_matrix_errors_name_the_key(tmp_path, extra, needle):
     f = tmp_path / "m.toml"
     f.write_text(BASE.format(prompts=ROOT / "fixtures/prompts/cpu_small.jsonl") + extra + "\n")
@@ -80,17 +83,24 @@ def test_bad_matrix_errors_name_the_key(tmp_path, extra, needle):
 def test_cli_bad_matrix_is_one_error_line(tmp_path):
     f = tmp_path / "bad.toml"
     f.write_text("name = [unclosed\n")
-    p = subprocess.run([sys.executable, "-m", "tracekit", "run", str(f), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "tracekit", "run", str(f), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+    )
     assert p.returncode == 3 and p.stdout == ""
     assert p.stderr.startswith("Error: ") and "not valid TOML" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "o" / "cells").exists()
 
 
 def test_parse_metrics_sums_labelled_series():
-    text = ('# HELP x\ntracekit:num_requests_running 2\nvllm:num_requests_waiting 1.0\n'
-            'tracekit:requests_finished_total{finished_reason="stop"} 3\n'
-            'tracekit:requests_finished_total{finished_reason="length"} 4\n')
+    text = (
+        "# HELP x\ntracekit:num_requests_running 2\nvllm:num_requests_waiting 1.0\n"
+        'tracekit:requests_finished_total{finished_reason="stop"} 3\n'
+        'tracekit:requests_finished_total{finished_reason="length"} 4\n'
+    )
     m = parse_metrics(text)
     assert m["tracekit:requests_finished_total"] == 7
     assert metric(m, "num_requests_running") == 2 and metric(m, "num_requests_waiting") == 1

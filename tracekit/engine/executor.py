@@ -1,4 +1,4 @@
-"""The model runner: one HF causal LM, per-slot KV buffers, prefill and batched decode.
+"""The model executor: one HF causal LM, per-slot KV buffers, prefill and batched decode.
 
 Each slot owns a KV buffer per layer, `[Hkv, max_context, D]`, filled from
 position 0. A decode step stacks the active slots into one batch: their KV is
@@ -33,12 +33,13 @@ class StepOutput:
     logits_dtype is the model's own output dtype: raw logits are exact values
     of that dtype (BF16 logits are exactly representable as floats).
     """
-    chosen: torch.Tensor        # [B] int64, argmax (lowest id on exact ties) or sampled
+
+    chosen: torch.Tensor  # [B] int64, argmax (lowest id on exact ties) or sampled
     chosen_logprob: torch.Tensor  # [B] float32, natural log
     chosen_logit: torch.Tensor  # [B] float32, raw logit
-    top_ids: torch.Tensor       # [B, k] int64, by logit descending
+    top_ids: torch.Tensor  # [B, k] int64, by logit descending
     top_logprobs: torch.Tensor  # [B, k] float32
-    top_logits: torch.Tensor    # [B, k] float32
+    top_logits: torch.Tensor  # [B, k] float32
 
 
 def default_model_dir() -> Path:
@@ -46,11 +47,18 @@ def default_model_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "fixtures" / "models" / "tiny"
 
 
-class ModelRunner:
+class ModelExecutor:
     """Loads a model directory and runs prefill / batched decode over slot KV buffers."""
 
-    def __init__(self, model_dir: str | Path, dtype: str = "fp32", attn: str = "sdpa", device: str = "cpu",
-                 slots: int = 4, max_context: int | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        dtype: str = "fp32",
+        attn: str = "sdpa",
+        device: str = "cpu",
+        slots: int = 4,
+        max_context: int | None = None,
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(model_dir)
@@ -61,8 +69,13 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype_name, self.attn = dtype, attn
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn,
-                                                          use_safetensors=True).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=DTYPES[dtype], attn_implementation=attn, use_safetensors=True
+            )
+            .to(self.device)
+            .eval()
+        )
         cfg = self.model.config
         tcfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
@@ -75,8 +88,16 @@ class ModelRunner:
         self.eos_ids = self._eos_ids(path)
         # All KV in one buffer, so a decode step gathers every layer's padded batch in one op:
         # [slots, layers, 2 (K, V), Hkv, max_context, D], model dtype.
-        self.kv = torch.zeros(slots, self.n_layers, 2, self.n_kv, self.max_context, self.head_dim,
-                              dtype=self.model.dtype, device=self.device)
+        self.kv = torch.zeros(
+            slots,
+            self.n_layers,
+            2,
+            self.n_kv,
+            self.max_context,
+            self.head_dim,
+            dtype=self.model.dtype,
+            device=self.device,
+        )
         # transformers 5.2x renamed the forward keyword `past_key_values` to `cache`.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -95,8 +116,7 @@ class ModelRunner:
 
     def _forward(self, ids, pos, mask, cache):
         kw = {self._cache_kw: cache}
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
-                         logits_to_keep=1, **kw)
+        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, logits_to_keep=1, **kw)
         return out.logits[:, -1, :]  # [B, V], model dtype
 
     @torch.inference_mode()
@@ -134,7 +154,7 @@ class ModelRunner:
         cache = b.cache()
         li = torch.tensor(lengths, device=dev)
         ids = torch.tensor(next_ids, device=dev)[:, None]
-        logits = self._forward(ids, li[:, None], b.mask[:, :b.n + 1], cache)
+        logits = self._forward(ids, li[:, None], b.mask[:, : b.n + 1], cache)
         # Keep the slot buffers current (prefix cache, rebuilds): one [B, L, 2, Hkv, D] scatter.
         new = b.kv[:, :, :, :, b.n].permute(2, 0, 1, 3, 4)  # [L, 2, B, Hkv, D] -> [B, L, 2, Hkv, D]
         self.kv[torch.tensor(slots, device=dev), :, :, :, li] = new
@@ -149,7 +169,7 @@ class ModelRunner:
         si, li = torch.tensor(slots, device=dev), torch.tensor(lengths, device=dev)
         # Row i's column j < lmax holds slot position j - (lmax - n_i); padding gathers position 0
         # (any finite value works: the mask gives it zero weight).
-        src = torch.arange(lmax, device=dev)[None, :] - (lmax - li)[:, None]          # [B, lmax]
+        src = torch.arange(lmax, device=dev)[None, :] - (lmax - li)[:, None]  # [B, lmax]
         kv = torch.zeros(self.n_layers, 2, bsz, self.n_kv, cap, self.head_dim, dtype=self.model.dtype, device=dev)
         kv[..., :lmax, :] = self.kv[si[:, None], :, :, :, src.clamp(min=0)].permute(2, 3, 0, 4, 1, 5)
         mask = torch.zeros(bsz, cap, dtype=torch.long, device=dev)
@@ -163,16 +183,18 @@ class ModelRunner:
 
     def kv_slice(self, slot: int, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of the slot's KV for positions [start, end): per layer [Hkv, end-start, D]."""
-        return ([self.kv[slot, layer, 0, :, start:end].clone() for layer in range(self.n_layers)],
-                [self.kv[slot, layer, 1, :, start:end].clone() for layer in range(self.n_layers)])
+        return (
+            [self.kv[slot, layer, 0, :, start:end].clone() for layer in range(self.n_layers)],
+            [self.kv[slot, layer, 1, :, start:end].clone() for layer in range(self.n_layers)],
+        )
 
     def load_kv(self, slot: int, start: int, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
         """Write per-layer KV blocks [Hkv, n, D] into the slot at positions [start, start+n)."""
         n = ks[0].shape[1]
         self._forget_batch(slot)
         for layer in range(self.n_layers):
-            self.kv[slot, layer, 0, :, start:start + n] = ks[layer]
-            self.kv[slot, layer, 1, :, start:start + n] = vs[layer]
+            self.kv[slot, layer, 0, :, start : start + n] = ks[layer]
+            self.kv[slot, layer, 1, :, start : start + n] = vs[layer]
 
 
 class _Batch:
@@ -184,9 +206,11 @@ class _Batch:
     def cache(self):
         """A DynamicCache whose layers append in place into this batch's buffer."""
         from transformers import DynamicCache
+
         cache = DynamicCache()
-        cache.layers[:] = [_SlabLayer(self.kv[layer, 0], self.kv[layer, 1], self.n)
-                           for layer in range(self.kv.shape[0])]
+        cache.layers[:] = [
+            _SlabLayer(self.kv[layer, 0], self.kv[layer, 1], self.n) for layer in range(self.kv.shape[0])
+        ]
         return cache
 
 
@@ -204,10 +228,10 @@ def _slab_layer_class():
 
         def update(self, key_states, value_states, *args, **kwargs):
             t = key_states.shape[-2]
-            self.kbuf[:, :, self.n:self.n + t] = key_states
-            self.vbuf[:, :, self.n:self.n + t] = value_states
+            self.kbuf[:, :, self.n : self.n + t] = key_states
+            self.vbuf[:, :, self.n : self.n + t] = value_states
             self.n += t
-            self.keys, self.values = self.kbuf[:, :, :self.n], self.vbuf[:, :, :self.n]
+            self.keys, self.values = self.kbuf[:, :, : self.n], self.vbuf[:, :, : self.n]
             return self.keys, self.values
 
     return SlabLayer
@@ -238,6 +262,11 @@ def select(logits: torch.Tensor, k: int, temperature: list[float], gens: list) -
     kk = max(k, 1)
     top_logits, top_ids = torch.topk(raw, kk, dim=-1)
     rows = torch.arange(raw.shape[0])
-    return StepOutput(chosen=chosen.cpu(), chosen_logprob=lp[rows, chosen].cpu(), chosen_logit=raw[rows, chosen].cpu(),
-                      top_ids=top_ids[:, :k].cpu(), top_logprobs=lp.gather(1, top_ids[:, :k]).cpu(),
-                      top_logits=top_logits[:, :k].cpu())
+    return StepOutput(
+        chosen=chosen.cpu(),
+        chosen_logprob=lp[rows, chosen].cpu(),
+        chosen_logit=raw[rows, chosen].cpu(),
+        top_ids=top_ids[:, :k].cpu(),
+        top_logprobs=lp.gather(1, top_ids[:, :k]).cpu(),
+        top_logits=top_logits[:, :k].cpu(),
+    )

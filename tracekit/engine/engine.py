@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-if TYPE_CHECKING:  # the runner imports torch; this module stays importable without it
+if TYPE_CHECKING:  # the executor imports torch; this module stays importable without it
+    from .executor import ModelExecutor
     from .prefix_cache import PrefixCache
-    from .runner import ModelRunner
 
 log = logging.getLogger("tracekit.engine")
 
@@ -50,26 +50,28 @@ class ErrorEvent:
 @dataclass(eq=False)
 class GenRequest:
     """One generation. Fields above `emit` come from the client; the rest is loop state."""
+
     prompt_ids: list[int]
     max_tokens: int
-    logprobs: int = 0            # top-k width (0 = chosen token only)
+    logprobs: int = 0  # top-k width (0 = chosen token only)
     temperature: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     emit: Callable[[object], None] = print
     cancel_reason: str | None = None  # set by the client side: "cancelled" | "stop"
     slot: int = -1
-    length: int = 0              # KV positions filled in the slot
-    next_id: int = -1            # last chosen token, not yet in the KV
+    length: int = 0  # KV positions filled in the slot
+    next_id: int = -1  # last chosen token, not yet in the KV
     generated: int = 0
     cached_tokens: int = 0
-    prefilling: bool = False     # admitted, prompt KV not complete yet
+    prefilling: bool = False  # admitted, prompt KV not complete yet
     generator: object = None
 
 
 @dataclass
 class Counters:
     """Monotonic counters for /metrics (tokens unless named otherwise)."""
+
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: collections.Counter = field(default_factory=collections.Counter)  # by finish reason
@@ -78,21 +80,26 @@ class Counters:
     prefills: int = 0
     decode_steps: int = 0
     decode_rows: int = 0
-    busy_s: float = 0.0     # wall seconds the owner loop spent admitting and decoding
+    busy_s: float = 0.0  # wall seconds the owner loop spent admitting and decoding
 
 
 class Engine:
-    """Owns the runner. Call start(); submit() and cancel() are safe from any thread."""
+    """Owns the model executor. Call start(); submit() and cancel() are safe from any thread."""
 
-    def __init__(self, runner: ModelRunner, prefix_cache: PrefixCache | None,
-                 post: Callable[[Callable[[], None]], None] | None = None, threads: int = 0,
-                 prefill_chunk: int = 0):
-        self.runner, self.cache, self.post, self.threads = runner, prefix_cache, post, threads
+    def __init__(
+        self,
+        executor: ModelExecutor,
+        prefix_cache: PrefixCache | None,
+        post: Callable[[Callable[[], None]], None] | None = None,
+        threads: int = 0,
+        prefill_chunk: int = 0,
+    ):
+        self.executor, self.cache, self.post, self.threads = executor, prefix_cache, post, threads
         self.prefill_chunk = prefill_chunk  # tokens per prefill forward; 0 = the whole prompt
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque[GenRequest] = collections.deque()
         self.active: list[GenRequest] = []
-        self.free_slots = list(range(runner.slots))[::-1]
+        self.free_slots = list(range(executor.slots))[::-1]
         self.counters = Counters()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tracekit-engine", daemon=True)
@@ -115,12 +122,17 @@ class Engine:
         self.inbox.put(None)  # wake the loop if idle
 
     def snapshot(self) -> dict:
-        return {"running": len(self.active), "waiting": len(self.waiting) + self.inbox.qsize(),
-                "slots_busy": self.runner.slots - len(self.free_slots), "slots": self.runner.slots}
+        return {
+            "running": len(self.active),
+            "waiting": len(self.waiting) + self.inbox.qsize(),
+            "slots_busy": self.executor.slots - len(self.free_slots),
+            "slots": self.executor.slots,
+        }
 
     def _loop(self) -> None:
         if self.threads:  # OpenMP thread counts are per calling thread: set it where forwards run
             import torch
+
             torch.set_num_threads(self.threads)
         while not self._stop.is_set():
             self._drain(block=not self.active and not self.waiting)
@@ -182,7 +194,7 @@ class Engine:
 
     def _admit(self) -> None:
         """Give waiting requests free slots and their cached prefix KV; computing starts next."""
-        run = self.runner
+        run = self.executor
         while self.free_slots and self.waiting:
             r = self.waiting.popleft()
             r.slot = self.free_slots.pop()
@@ -196,11 +208,12 @@ class Engine:
             self.counters.prompt_tokens += len(r.prompt_ids)
             if r.seed is not None and r.temperature > 0:
                 import torch
+
                 r.generator = torch.Generator().manual_seed(r.seed)
 
     def _prefill_step(self) -> None:
         """One prefill forward per prefilling request; the last one yields its first token."""
-        run = self.runner
+        run = self.executor
         for r in [r for r in self.active if r.prefilling]:
             n = len(r.prompt_ids)
             end = n if self.prefill_chunk <= 0 else min(n, r.length + self.prefill_chunk)
@@ -218,7 +231,7 @@ class Engine:
         rows = [r for r in self.active if not r.prefilling]
         if not rows:
             return
-        logits = self.runner.decode([r.slot for r in rows], [r.length for r in rows], [r.next_id for r in rows])
+        logits = self.executor.decode([r.slot for r in rows], [r.length for r in rows], [r.next_id for r in rows])
         for r in rows:
             r.length += 1
         self.counters.decode_steps += 1
@@ -226,7 +239,7 @@ class Engine:
         self._emit_step(rows, logits)
 
     def _emit_step(self, rows: list[GenRequest], logits) -> None:
-        from .runner import select
+        from .executor import select
 
         k = max(r.logprobs for r in rows)
         out = select(logits, k, [r.temperature for r in rows], [r.generator for r in rows])
@@ -236,17 +249,28 @@ class Engine:
             r.next_id, r.generated = tok, r.generated + 1
             self.counters.generation_tokens += 1
             reason = None
-            if tok in self.runner.eos_ids and not r.ignore_eos:
+            if tok in self.executor.eos_ids and not r.ignore_eos:
                 reason = "stop"
-            elif r.generated >= r.max_tokens or r.length >= self.runner.max_context:  # no room to feed it
+            elif r.generated >= r.max_tokens or r.length >= self.executor.max_context:  # no room to feed it
                 reason = "length"
             if reason:
                 self._release(r)
                 self.counters.finished[reason] += 1
             n = r.logprobs
-            events.append((r, TokenEvent(tok, float(out.chosen_logprob[i]), float(out.chosen_logit[i]),
-                                         out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(),
-                                         out.top_logits[i, :n].tolist(), reason)))
+            events.append(
+                (
+                    r,
+                    TokenEvent(
+                        tok,
+                        float(out.chosen_logprob[i]),
+                        float(out.chosen_logit[i]),
+                        out.top_ids[i, :n].tolist(),
+                        out.top_logprobs[i, :n].tolist(),
+                        out.top_logits[i, :n].tolist(),
+                        reason,
+                    ),
+                )
+            )
         self._deliver(events)
 
     def _deliver(self, events: list) -> None:

@@ -1,0 +1,123 @@
+"""Load an HF causal LM for teacher-forced forwards, and its KV-cache helpers.
+
+One home for what every history needs from the model: the dtype table, the
+attention implementation, the forward's cache keyword and cache forking.
+torch and transformers are imported lazily.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from tracekit.errors import ConfigError
+
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for teacher-forced forwards (eval mode, on its device)."""
+
+    model: Any
+    dtype: str
+    device: str
+    cache_kw: str  # forward keyword for the KV cache: 'cache' (5.2x) or 'past_key_values'
+    vocab_size: int
+    cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
+
+
+def cache_keyword(model: Any) -> str:
+    """transformers 5.2x renamed `past_key_values` to `cache` (the old name warns)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def load_model(
+    model_dir: str, dtype: str, device: str = "cpu", attn: str = "auto", cuda_graphs: bool = True
+) -> LoadedModel:
+    """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError.
+
+    device: cpu, cuda, cuda:N, or auto = transformers' own multi-GPU placement
+    (`device_map="auto"`, layers split across the visible GPUs; needs accelerate).
+    """
+    import importlib.util
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    if not sys.stderr.isatty():  # progress bars only on a terminal
+        hf_logging.disable_progress_bar()
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: no CUDA device is visible to torch; use --device cpu")
+    if device == "auto" and importlib.util.find_spec("accelerate") is None:
+        raise ConfigError(
+            "--device auto uses transformers' device_map='auto', which needs the accelerate "
+            "package (pip install accelerate); or pass --device cuda for one GPU"
+        )
+    kwargs = {"device_map": "auto"} if device == "auto" else {}
+    attn = resolve_attn(attn, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=getattr(torch, TORCH_DTYPES[dtype]), attn_implementation=attn, **kwargs
+        )
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{model_dir}: cannot load as an HF causal LM ({first})") from None
+    if device == "auto":  # inputs go where the embedding lives; accelerate's hooks move activations on
+        return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device), cuda_graphs)
+    return wrap_model(model.to(device).eval(), dtype, device, cuda_graphs)
+
+
+ATTNS = ("sdpa", "eager", "sdpa_lower_right", "auto")
+
+
+def resolve_attn(attn: str, device: str) -> str:
+    """The attn_implementation to load: `auto` is `sdpa_lower_right` on CUDA
+    (flash kernel for every segment, attention.py) and `sdpa` elsewhere (on
+    CPU both run the same masked kernel; `sdpa` keeps transformers' own path)."""
+    if attn not in ATTNS:
+        raise ConfigError(f"--attn {attn!r}: expected one of {', '.join(ATTNS)}")
+    if attn == "auto":
+        attn = "sdpa_lower_right" if device.startswith("cuda") or device == "auto" else "sdpa"
+    if attn == "sdpa_lower_right":
+        from .attention import register
+
+        register()
+    return attn
+
+
+def wrap_model(model: Any, dtype: str, device: str, cuda_graphs: bool = True) -> LoadedModel:
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    return LoadedModel(model, dtype, device, cache_keyword(model), vocab, cuda_graphs)
+
+
+def new_cache(model: Any):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older signatures take no config
+        return DynamicCache()
+
+
+def fork_cache(cache):
+    """A cache that can grow independently of `cache`.
+
+    DynamicLayer.update replaces its tensors with torch.cat results and never
+    writes into them, so shallow copies of the layers share the prefix tensors
+    safely (no copy, bitwise the same contents). Any other layer type, which
+    may update in place, is deep-copied.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
+        return copy.deepcopy(cache)
+    forked = copy.copy(cache)
+    forked.layers = [copy.copy(layer) for layer in layers]
+    return forked

@@ -1,0 +1,45 @@
+"""The floating-point formats tracekit names: one table for every part.
+
+A dtype is named `fp32`, `bf16` or `fp16` everywhere (CLI options, run
+metadata, matrix files, trace rows). This module knows their torch names and
+their grids (significand bits, exponent range), which the classifier uses to
+count steps between two values; it never imports torch itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # tracekit's name: fp32 | bf16 | fp16
+    torch_name: str  # attribute of the torch module
+    bytes: int  # storage per element
+    mantissa_bits: int  # stored significand bits (the implicit leading 1 not counted)
+    min_exp: int  # exponent of the smallest normal number: 2**min_exp
+
+
+DTYPES: dict[str, DType] = {
+    "fp32": DType("fp32", "float32", 4, 23, -126),
+    "bf16": DType("bf16", "bfloat16", 2, 7, -126),
+    "fp16": DType("fp16", "float16", 2, 10, -14),
+}
+NAMES = tuple(DTYPES)
+
+
+def get(name: str, where: str = "dtype") -> DType:
+    """The DType called `name`; anything else is a ConfigError listing the choices."""
+    d = DTYPES.get(str(name).strip().lower())
+    if d is None:
+        raise ConfigError(f"{where} {name!r}: expected one of {', '.join(NAMES)}")
+    return d
+
+
+def torch_dtype(name: str):
+    """The torch dtype of `name` (imports torch)."""
+    import torch
+
+    return getattr(torch, get(name).torch_name)
