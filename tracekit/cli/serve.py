@@ -8,6 +8,7 @@ import os
 
 import click
 
+from ..dtypes import NAMES as DTYPE_NAMES
 from ..errors import ConfigError
 
 FAULTS = ["corrupt-prefix-cache"]
@@ -15,7 +16,7 @@ FAULTS = ["corrupt-prefix-cache"]
 
 @click.command(epilog="Example: tracekit serve --dtype bf16 --slots 8 --port 8000")
 @click.option("--model", "model_dir", default=None, help="HF causal-LM directory (default: the fixture model).")
-@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True)
 @click.option(
     "--attn",
     type=click.Choice(["sdpa", "eager"]),
@@ -83,13 +84,12 @@ def cmd(
     Prints `tracekit serve: listening on http://HOST:PORT` on stderr once the
     socket is bound; /health answers 503 until the model is loaded.
     """
-    from ..engine.executor import default_model_dir
+    from ..engine.executor import check_model_dir, default_model_dir
     from ..engine.server import ServeConfig, serve
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     model_dir = model_dir or str(default_model_dir())
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise ConfigError(f"{model_dir}: not a model directory (no config.json)")
+    check_model_dir(model_dir)  # before binding: a bad directory is one `Error:` line, exit 3
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)

@@ -14,16 +14,13 @@ here only; the engine package is loaded lazily by `tracekit serve`.
 
 from __future__ import annotations
 
-import inspect
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..errors import EngineError
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from .. import dtypes, hfcompat, modelinfo
+from ..errors import ConfigError, EngineError
 
 
 @dataclass(frozen=True)
@@ -47,6 +44,22 @@ def default_model_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "fixtures" / "models" / "tiny"
 
 
+def check_model_dir(model_dir: str | Path) -> Path:
+    """A servable model directory: config.json and safetensors weights. Pickled weights
+    (pytorch_model.bin, *.pt) can run code when loaded, so they are refused, never loaded."""
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise EngineError(f"{path}: not a model directory (no config.json); pass --model DIR")
+    if not any(path.glob("*.safetensors")):
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        found = f"found only {', '.join(pickled)}" if pickled else "no weights found"
+        raise EngineError(
+            f"{path}: no *.safetensors weights ({found}); tracekit serve loads safetensors only "
+            "(pickled weights can run code when loaded): re-save the model with transformers save_pretrained"
+        )
+    return path
+
+
 class ModelExecutor:
     """Loads a model directory and runs prefill / batched decode over slot KV buffers."""
 
@@ -61,17 +74,17 @@ class ModelExecutor:
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = Path(model_dir)
-        if not (path / "config.json").is_file():
-            raise EngineError(f"{path}: not a model directory (no config.json); pass --model DIR")
-        if dtype not in DTYPES:
-            raise EngineError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        path = check_model_dir(model_dir)
+        try:
+            torch_dtype = dtypes.torch_dtype(dtype)
+        except ConfigError as e:
+            raise EngineError(str(e)) from None
         self.device = torch.device(device)
         self.dtype_name, self.attn = dtype, attn
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = (
             AutoModelForCausalLM.from_pretrained(
-                path, dtype=DTYPES[dtype], attn_implementation=attn, use_safetensors=True
+                path, dtype=torch_dtype, attn_implementation=attn, use_safetensors=True
             )
             .to(self.device)
             .eval()
@@ -98,21 +111,19 @@ class ModelExecutor:
             dtype=self.model.dtype,
             device=self.device,
         )
-        # transformers 5.2x renamed the forward keyword `past_key_values` to `cache`.
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = hfcompat.cache_keyword(self.model)
         self._batch: _Batch | None = None  # the running decode batch; dropped when any slot is refilled
         self.model_type = str(getattr(cfg, "model_type", "?"))
 
     def _eos_ids(self, path: Path) -> list[int]:
-        ids: set[int] = set()
-        gc = path / "generation_config.json"
-        for src in ([json.loads(gc.read_text())] if gc.is_file() else []) + [self.model.config.to_dict()]:
-            e = src.get("eos_token_id")
-            ids.update([e] if isinstance(e, int) else (e or []))
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return sorted(ids)
+        """What the model's files state (tracekit.modelinfo, the one reader). Only when they state
+        nothing, the loaded tokenizer's own eos id: it can come from files modelinfo does not read
+        (special_tokens_map.json, legacy vocab formats) or the tokenizer class's default, and the
+        engine has to stop generating somewhere; /v1/models reports whatever it uses."""
+        ids = list(modelinfo.eos_token_ids(path))
+        if not ids and self.tokenizer.eos_token_id is not None:
+            ids = [int(self.tokenizer.eos_token_id)]
+        return ids
 
     def _forward(self, ids, pos, mask, cache):
         kw = {self._cache_kw: cache}
@@ -125,6 +136,9 @@ class ModelExecutor:
         from transformers import DynamicCache
 
         self._forget_batch(slot)
+        # Not hfcompat.new_dynamic_cache: given the config, sliding-window layers would keep only
+        # their window, and the slot needs every position's K/V back (the window is applied by the
+        # model's mask, over the full KV).
         cache = DynamicCache()
         if start > 0:
             for layer in range(self.n_layers):
