@@ -1,8 +1,9 @@
 """User-facing errors. Messages say what failed, where, and what to do next.
 
 The CLI prints `Error: <message>` on stderr and exits 3 for any TracekitError;
-usage errors (click) exit 2; exit 1 is reserved for "divergence found / checks
-failed", which is a result, not an error.
+usage errors (click) exit 2; any other exception is an internal error (exit 3,
+one line; the traceback with `tracekit --debug` or TRACEKIT_DEBUG=1); exit 1 is
+reserved for "divergence found / checks failed", which is a result, not an error.
 """
 
 
