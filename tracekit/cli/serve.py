@@ -11,7 +11,16 @@ import click
 from ..dtypes import NAMES as DTYPE_NAMES
 from ..errors import ConfigError
 
-FAULTS = ["corrupt-prefix-cache"]
+
+def _fault(ctx, param, value):
+    """Validate --inject-fault early (usage error, exit 2); the canonical spelling goes on."""
+    from ..engine.faults import parse_fault
+
+    try:
+        f = parse_fault(value)
+    except ConfigError as e:
+        raise click.BadParameter(str(e).split(": ", 1)[-1]) from None
+    return None if f is None else f.name
 
 
 @click.command(epilog="Example: tracekit serve --dtype bf16 --slots 8 --port 8000")
@@ -55,9 +64,11 @@ FAULTS = ["corrupt-prefix-cache"]
 @click.option("--served-model-name", default=None, help="Name in /v1/models (default: the directory name).")
 @click.option(
     "--inject-fault",
-    type=click.Choice(FAULTS),
     default=None,
-    help="TESTING ONLY: corrupt reused prefix-cache blocks like a block-ownership bug.",
+    metavar="corrupt-prefix-cache|perturb-kv:EPS",
+    callback=_fault,
+    help="TESTING ONLY: serve reused prefix-cache blocks from another block (a block-ownership bug), "
+    "or scaled by 1 + EPS * fixed-seed normal noise (a graded fault).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log engine internals to stderr.")
 def cmd(
@@ -90,6 +101,8 @@ def cmd(
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     model_dir = model_dir or str(default_model_dir())
     check_model_dir(model_dir)  # before binding: a bad directory is one `Error:` line, exit 3
+    if inject_fault and no_prefix_cache:
+        raise click.UsageError("--inject-fault changes reused prefix-cache blocks: drop --no-prefix-cache")
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)

@@ -5,10 +5,8 @@ so a key names the whole prefix up to the block's end, as in vLLM. A lookup
 walks the prompt's full blocks and stops at the first miss; at least one
 prompt token is always left to compute, because its logits start the output.
 
-The fault switch `corrupt-prefix-cache` imitates a block-ownership bug: the
-last reused block is served with the KV of a different cached block (as if
-its storage had been freed and handed to another sequence), or, when no other
-block exists, with its positions rotated by one.
+An injected fault (faults.py, testing only) changes the blocks a hit serves,
+never the stored ones.
 """
 
 from __future__ import annotations
@@ -17,6 +15,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from .faults import Fault, FaultLog, apply_fault
 
 if TYPE_CHECKING:  # annotations only; the engine imports torch where it runs a model
     import torch
@@ -46,10 +46,11 @@ class Block:
 class PrefixCache:
     block_size: int = 16
     capacity_blocks: int = 4096
-    fault: str | None = None
+    fault: Fault | None = None
     blocks: OrderedDict = field(default_factory=OrderedDict)  # key -> Block, oldest first
     queries_tokens: int = 0
     hits_tokens: int = 0
+    fault_log: FaultLog = field(default_factory=FaultLog)
 
     def lookup(self, tokens: list[int]) -> tuple[int, list[Block]]:
         """Longest cached block-aligned prefix: (number of tokens, blocks in order). Counts the query."""
@@ -65,8 +66,9 @@ class PrefixCache:
             found.append(blk)
         n = len(found) * self.block_size
         self.hits_tokens += n
-        if found and self.fault == "corrupt-prefix-cache":
-            found[-1] = self._corrupt(found[-1], set(keys[: len(found)]))
+        if found and self.fault is not None:
+            newest_first = reversed(self.blocks.items())
+            found = apply_fault(self.fault, found, keys[: len(found)], newest_first, tokens, self.fault_log)
         return n, found
 
     def insert(self, tokens: list[int], n_tokens: int, get_kv) -> None:
@@ -81,13 +83,8 @@ class PrefixCache:
             while len(self.blocks) > self.capacity_blocks:
                 self.blocks.popitem(last=False)
 
-    def _corrupt(self, blk: Block, own: set[bytes]) -> Block:
-        import torch
-
-        other = next((b for k, b in reversed(self.blocks.items()) if k not in own), None)
-        if other is not None:
-            return Block([k.clone() for k in other.keys], [v.clone() for v in other.values])
-        return Block([torch.roll(k, 1, dims=1) for k in blk.keys], [torch.roll(v, 1, dims=1) for v in blk.values])
-
-    def clear(self) -> None:
+    def clear(self) -> int:
+        """Drop every block (POST /reset_prefix_cache); returns how many were held."""
+        n = len(self.blocks)
         self.blocks.clear()
+        return n

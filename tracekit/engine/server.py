@@ -9,6 +9,7 @@ events. A client that disconnects cancels its handler (aiohttp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -64,6 +65,7 @@ class App:
 
         from .engine import Engine
         from .executor import ModelExecutor
+        from .faults import parse_fault
         from .prefix_cache import PrefixCache
 
         if self.cfg.threads:
@@ -74,7 +76,7 @@ class App:
             hf_logging.disable_progress_bar()
         c = self.cfg
         self.executor = ModelExecutor(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
-        cache = PrefixCache(c.block_size, c.cache_blocks, c.fault) if c.prefix_cache else None
+        cache = PrefixCache(c.block_size, c.cache_blocks, parse_fault(c.fault)) if c.prefix_cache else None
         self.engine = Engine(
             self.executor, cache, post=self.loop.call_soon_threadsafe, threads=c.threads, prefill_chunk=c.prefill_chunk
         )
@@ -136,6 +138,19 @@ class App:
             "meta": self.meta(),
         }
         return web.json_response({"object": "list", "data": [card]})
+
+    async def fault_log(self, request):
+        """Every application of the injected fault (only with --inject-fault): which prompt, how
+        many cached KV values it served and how many it actually changed."""
+        if self.engine is None:
+            return json_error(503, "model is loading", "service_unavailable")
+        cache = self.engine.cache
+        if self.cfg.fault is None or cache is None:
+            return json_error(404, "no fault injected (start with --inject-fault)", "not_found_error")
+        total, recs = cache.fault_log.snapshot()
+        return web.json_response(
+            {"fault": self.cfg.fault, "applied_total": total, "records": [dataclasses.asdict(r) for r in recs]}
+        )
 
     async def metrics(self, request):
         from .metrics import render
@@ -266,6 +281,7 @@ def build_app(app: App) -> web.Application:
     web_app.router.add_get("/health", app.health)
     web_app.router.add_get("/v1/models", app.models)
     web_app.router.add_get("/metrics", app.metrics)
+    web_app.router.add_get("/fault_log", app.fault_log)
     web_app.router.add_post("/v1/completions", app.completions)
     return web_app
 
