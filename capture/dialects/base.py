@@ -303,11 +303,22 @@ class Dialect(Protocol):
 
     def body(self, spec: RequestSpec) -> dict[str, Any]: ...
 
+    bad_status: int  # the HTTP status the engine answers bad_body with (400; TGI 422)
+
+    def bad_body(self, spec: RequestSpec) -> dict[str, Any]:
+        """spec's body with its token-limit field set to a non-numeric string: a wrong-typed
+        field that every engine of the dialect validates before generating anything (the
+        runner's `bad_request` check). A negative limit is not: llama.cpp takes -1 as "no
+        limit", SGLang's and TGI's routes do not read `max_tokens` at all."""
+
     def parse_response(self, obj: dict, acc: Acc, t: float) -> None:
         """A whole non-stream body; every token gets arrival time t."""
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
         """One stream event; sets acc.done when it is the dialect's last event."""
+
+
+BAD_VALUE = "many"  # a token limit no engine parses as an integer
 
 
 def check_error(obj: Any) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Acc, RequestSpec, check_error
+from .base import BAD_VALUE, Acc, RequestSpec, check_error
 
 # stop_type -> OpenAI-style finish reason.
 _FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
@@ -27,6 +27,7 @@ def _probs(entries: list, acc: Acc, t: float) -> None:
 class LlamaCppCompletion:
     name = "llamacpp"
     done_marker = False  # the last event has "stop": true instead
+    bad_status = 400  # a field of the wrong type is std::invalid_argument: 400
 
     def route(self, stream: bool) -> str:
         return "/completion"
@@ -45,6 +46,9 @@ class LlamaCppCompletion:
             b["ignore_eos"] = True
         b.update(spec.extra)
         return b
+
+    def bad_body(self, spec: RequestSpec) -> dict[str, Any]:
+        return {**self.body(spec), "n_predict": BAD_VALUE}  # -1 would be legal: no limit
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
         check_error(obj)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Acc, RequestSpec, check_error, usage_into
+from .base import BAD_VALUE, Acc, RequestSpec, check_error, usage_into
 
 
 def _str_mode(acc: Acc) -> None:
@@ -104,6 +104,7 @@ def _choice(ch: dict, acc: Acc, t: float) -> None:
 class OpenAICompletions:
     name = "openai"
     done_marker = True
+    bad_status = 400  # vLLM, SGLang's and llama.cpp's /v1 routes, tracekit serve: 400
 
     def route(self, stream: bool) -> str:
         return "/v1/completions"
@@ -124,6 +125,9 @@ class OpenAICompletions:
             b["ignore_eos"] = True  # not OpenAI; vLLM, SGLang, llama.cpp and tracekit serve accept it
         b.update(spec.extra)
         return b
+
+    def bad_body(self, spec: RequestSpec) -> dict[str, Any]:
+        return {**self.body(spec), "max_tokens": BAD_VALUE}
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
         """One stream event. The hot event, one legacy-layout token with vLLM's "token_id:N"

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Acc, RequestSpec, check_error
+from .base import BAD_VALUE, Acc, RequestSpec, check_error
 
 
 class SGLangGenerate:
     name = "sglang"
     done_marker = True
+    bad_status = 400  # the /generate contract check answers 400 before any stream starts
 
     def route(self, stream: bool) -> str:
         return "/generate"
@@ -38,6 +39,10 @@ class SGLangGenerate:
         b["text" if isinstance(spec.prompt, str) else "input_ids"] = spec.prompt
         b.update(spec.extra)
         return b
+
+    def bad_body(self, spec: RequestSpec) -> dict[str, Any]:
+        b = self.body(spec)
+        return {**b, "sampling_params": {**b["sampling_params"], "max_new_tokens": BAD_VALUE}}
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
         check_error(obj)

@@ -16,7 +16,7 @@ from typing import Any
 
 from tracekit.errors import ConfigError
 
-from .base import Acc, RequestSpec, check_error
+from .base import BAD_VALUE, Acc, RequestSpec, check_error
 
 
 def _token(tok: dict, tops: list, acc: Acc, t: float) -> None:
@@ -26,6 +26,7 @@ def _token(tok: dict, tops: list, acc: Acc, t: float) -> None:
 class TGIGenerate:
     name = "tgi"
     done_marker = False  # the event with `details` is the last
+    bad_status = 422  # TGI's JSON extractor rejects a wrong-typed field with 422
 
     def route(self, stream: bool) -> str:
         return "/generate_stream" if stream else "/generate"
@@ -43,6 +44,10 @@ class TGIGenerate:
             params["top_n_tokens"] = spec.top_logprobs
         params.update(spec.extra)
         return {"inputs": spec.prompt, "parameters": params, "stream": spec.stream}
+
+    def bad_body(self, spec: RequestSpec) -> dict[str, Any]:
+        b = self.body(spec)
+        return {**b, "parameters": {**b["parameters"], "max_new_tokens": BAD_VALUE}}
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
         check_error(obj)
