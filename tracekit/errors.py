@@ -31,6 +31,11 @@ class StreamProtocolError(CaptureError):
     """A response stream broke its protocol (cut event, bad JSON, error event)."""
 
 
+class ResponseShapeError(StreamProtocolError):
+    """Valid JSON from the engine, of a shape the dialect checked and does not know (a missing or
+    wrong-typed field). Raised only by explicit checks: any other exception in a parser is a bug."""
+
+
 class AlignmentError(TracekitError):
     """Two traces cannot be compared (nothing in common, mismatched tokenizers)."""
 
