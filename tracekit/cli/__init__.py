@@ -33,6 +33,8 @@ COMMANDS = {
     "run": "run",
     "report": "report",
     "demo": "demo",
+    "stats": "stats",
+    "explain": "explain",
 }
 
 
