@@ -1,9 +1,11 @@
 """The full-matrix evidence of a `tracekit run` directory: one row per cell
-(equality counts, classes, lifecycle checks, throughput, TTFT percentiles), a
-JSON summary (schema tracekit.matrix-report/1) and a markdown page for a PR.
+(equality counts, classes, lifecycle checks, throughput, TTFT percentiles),
+every non-identical pair with its evidence, a JSON summary (schema
+tracekit.matrix-report/1) and a markdown page for a PR.
 
-Reads only what is under DIR: manifest.json, cells/*/cell.json, checks.json,
-diff.json and the traces they name. Never imports capture/.
+Reads only what is under DIR, through `tracekit.rundir.RunDir` (the cells,
+their checks and diffs, the manifest) and the traces they name. A file that
+cannot be read is reported on its cell, never read as "no diff". Never imports capture/.
 """
 
 from __future__ import annotations
@@ -11,129 +13,145 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
-import numpy as np
 from tabulate import tabulate
 
-from tracekit.errors import ConfigError
+from tracekit.errors import TraceFormatError
+from tracekit.rundir import FAILING, LoadedCell, Manifest, PairEvidence, RunDir
+from tracekit.stats import percentiles
 from tracekit.store import TraceReader
 
 from .classify import CLASSES
 
 SCHEMA = "tracekit.matrix-report/1"
-FAILING = ("unexplained", "incomparable")
 
 
 @dataclass(frozen=True)
 class CellRow:
-    cell: dict  # cell.json: id, target, dtype, prefix_cache, prompts, concurrency, paths
-    diff: dict | None  # tracekit.diff/1 summary (None: no diff, e.g. a capture failed)
-    checks: tuple[dict, ...]
-    perf: dict = field(default_factory=dict)  # burst: tokens_per_s, ttft_ms p50/p90/p99, e2e_ms p50
+    """One cell of the report: the cell as read from DIR, and its burst's performance."""
+
+    loaded: LoadedCell
+    perf: Mapping[str, Any] = field(default_factory=dict)  # tokens_per_s, ttft_ms_p50/p90/p99, e2e_ms_p50
+    perf_error: str | None = None
 
     @property
-    def failed_checks(self) -> list[str]:
-        return [c["name"] for c in self.checks if c["status"] == "fail"]
+    def cell(self):
+        return self.loaded.cell
+
+    @property
+    def diff(self):
+        return self.loaded.diff
 
     @property
     def ok(self) -> bool:
-        return self.diff is not None and not any(self.diff[k] for k in FAILING) and not self.failed_checks
+        return self.loaded.passed
+
+    @property
+    def failed_checks(self) -> list[str]:
+        return self.loaded.record.failed_checks
 
     def equality(self) -> str:
-        return "—" if self.diff is None else f"{self.diff['identical']}/{self.diff['pairs']}"
+        return "—" if self.diff is None else f"{self.diff.identical}/{self.diff.n_pairs}"
 
     def as_dict(self) -> dict:
+        r = self.loaded.record
         return {
-            **{
-                k: self.cell.get(k)
-                for k in ("id", "target", "dtype", "prefix_cache", "prompts", "output_tokens", "concurrency")
-            },
+            **{k: v for k, v in self.cell.to_json().items() if k not in ("engine_id", "group_id")},
             "verdict": "pass" if self.ok else "fail",
             "equality": self.equality(),
-            "classes": self.diff,
-            "checks": {c["name"]: c["status"] for c in self.checks},
+            "classes": None if self.diff is None else dict(self.diff.counts),
+            "diff_error": self.loaded.diff_error,
+            "checks": {c.name: c.status for c in r.checks},
             "failed_checks": self.failed_checks,
-            "perf": self.perf,
-            "paths": {k: self.cell.get(k) for k in ("baseline", "burst", "diff", "checks")},
+            "perf": dict(self.perf),
+            "perf_error": self.perf_error,
+            "paths": {"baseline": r.baseline, "burst": r.burst, "diff": r.diff.path},
+            "divergent": [_pair_json(p) for p in divergent(self)],
         }
 
 
-def _json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+@dataclass(frozen=True)
+class Report:
+    root: Path
+    manifest: Manifest | None
+    rows: tuple[CellRow, ...]
+    summary: dict  # summary.json
+    markdown: str  # report.md
+    plots: dict  # name -> path relative to DIR
+
+    @property
+    def failed_cells(self) -> list[str]:
+        return [r.cell.id for r in self.rows if not r.ok]
 
 
-def _pct(x: np.ndarray, q: float) -> float | None:
-    x = x[np.isfinite(x)]
-    return round(float(np.percentile(x, q)), 2) if len(x) else None
+def diff_document(a: Path, b: Path, teacher: Path | None = None) -> dict:
+    """The differ of a matrix run (capture.matrix.run): analyze.diff with defaults -> tracekit.diff/1."""
+    from .compare import diff
+
+    return diff(a, b, teacher=teacher).to_json()
 
 
 def burst_perf(path: Path) -> dict:
     """Throughput (generated tokens / wall span) and TTFT / E2E percentiles (ms) of ok rows."""
-    try:
-        with TraceReader(path) as r:
-            t = r.requests
-    except Exception:  # noqa: BLE001 - a missing or broken trace leaves the cell without perf numbers
-        return {}
+    with TraceReader(path) as r:
+        t = r.requests
     ok = t.status == "ok"
     if not ok.any():
         return {}
     span = float(t.t_done_s[ok].max() - t.t_sent_s[ok].min())
-    ttft = (t.t_first_token_s - t.t_sent_s)[ok] * 1e3
-    e2e = (t.t_done_s - t.t_sent_s)[ok] * 1e3
+    ttft = percentiles((t.t_first_token_s - t.t_sent_s)[ok] * 1e3, ndigits=2)
+    e2e = percentiles((t.t_done_s - t.t_sent_s)[ok] * 1e3, (50,), ndigits=2)
     toks = int(t.n_tokens[ok].sum())
     return {
         "requests": int(ok.sum()),
         "tokens": toks,
         "tokens_per_s": round(toks / span, 1) if span > 0 else None,
-        "ttft_ms_p50": _pct(ttft, 50),
-        "ttft_ms_p90": _pct(ttft, 90),
-        "ttft_ms_p99": _pct(ttft, 99),
-        "e2e_ms_p50": _pct(e2e, 50),
+        **{f"ttft_ms_{q}": ttft.get(q) for q in ("p50", "p90", "p99")},
+        "e2e_ms_p50": e2e.get("p50"),
     }
 
 
-def load_cells(root: str | Path) -> list[CellRow]:
-    """Every cell of a run directory, in the manifest's order (directory order without one)."""
-    root = Path(root)
-    if not (root / "cells").is_dir():
-        raise ConfigError(f"{root}: not a `tracekit run` directory (no cells/); run `tracekit run MATRIX --out DIR`")
-    man = _json(root / "manifest.json") or {}
-    ids = [c["id"] for c in man.get("cells", [])] or sorted(p.name for p in (root / "cells").iterdir())
-    diff_errors = {c["id"]: c.get("diff_error") for c in man.get("cells", [])}
+def load_rows(root: str | Path) -> tuple[Manifest | None, list[CellRow]]:
+    """Every cell of a run directory, in run order, with its burst's performance."""
+    rd = RunDir(root)
+    man, cells = rd.load()
     rows = []
-    for cid in ids:
-        cell = _json(root / "cells" / cid / "cell.json")
-        if cell is None:
-            raise ConfigError(f"{root}/cells/{cid}/cell.json: missing or not JSON; the run is incomplete")
-        cell["diff_error"] = diff_errors.get(cid)
-        d = _json(root / "cells" / cid / "diff.json")
-        checks = (_json(root / "cells" / cid / "checks.json") or {}).get("checks", [])
-        perf = burst_perf(root / cell["burst"]) if cell.get("burst") else {}
-        rows.append(CellRow(cell, d["summary"] if d else None, tuple(checks), perf))
-    if not rows:
-        raise ConfigError(f"{root}: the run has no cells")
-    return rows
+    for c in cells:
+        perf, err = {}, None
+        if c.record.burst:
+            try:
+                perf = burst_perf(rd.path(c.record.burst))
+            except TraceFormatError as e:
+                err = f"burst trace unreadable: {e}"
+        rows.append(CellRow(c, perf, err))
+    return man, rows
 
 
-def summary(root: str | Path, rows: list[CellRow], plots: dict | None = None) -> dict:
-    man = _json(Path(root) / "manifest.json") or {}
-    fails = [r.cell["id"] for r in rows if not r.ok]
+def divergent(row: CellRow) -> list[PairEvidence]:
+    """The cell's non-identical pairs (incomparable ones included)."""
+    return [p for p in row.diff.pairs if p.cls != "identical"] if row.diff else []
+
+
+def _pair_json(p: PairEvidence) -> dict:
+    return {k: getattr(p, k) for k in p.__dataclass_fields__ if k != "cls"} | {"class": p.cls}
+
+
+def summary(root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None) -> dict:
+    fails = [r.cell.id for r in rows if not r.ok]
     return {
         "schema": SCHEMA,
         "dir": str(root),
-        "matrix": man.get("matrix"),
-        "tool": man.get("tool"),
-        "git_commit": man.get("git_commit"),
-        "host": man.get("host"),
+        "matrix": None if man is None else {"name": man.matrix_name, "path": man.matrix_path},
+        "tool": None if man is None else man.tool,
+        "git_commit": None if man is None else man.git_commit,
+        "host": None if man is None else dict(man.host),
         "cells": [r.as_dict() for r in rows],
         "totals": {
             "cells": len(rows),
             "passed": len(rows) - len(fails),
             "failed": len(fails),
-            **{k: sum((r.diff or {}).get(k, 0) for r in rows) for k in ("pairs", *CLASSES)},
+            **{k: sum(r.diff.counts[k] for r in rows if r.diff) for k in ("pairs", *CLASSES)},
         },
         "failed_cells": fails,
         "plots": plots or {},
@@ -141,10 +159,10 @@ def summary(root: str | Path, rows: list[CellRow], plots: dict | None = None) ->
 
 
 def _checks_cell(r: CellRow) -> str:
-    n = len(r.checks)
-    passed = sum(c["status"] == "pass" for c in r.checks)
-    skipped = [c["name"] for c in r.checks if c["status"] == "skip"]
-    s = f"{passed}/{n}"
+    checks = r.loaded.record.checks
+    passed = sum(c.status == "pass" for c in checks)
+    skipped = [c.name for c in checks if c.status == "skip"]
+    s = f"{passed}/{len(checks)}"
     if r.failed_checks:
         s += " FAIL " + ", ".join(r.failed_checks)
     return s + (f" (skip {', '.join(skipped)})" if skipped else "")
@@ -173,17 +191,18 @@ def table_rows(rows: list[CellRow]) -> tuple[list[str], list[list[str]]]:
     ]
     body = []
     for r in rows:
-        c, d, p = r.cell, r.diff or {}, r.perf
+        c, p = r.cell, r.perf
+        counts = r.diff.counts if r.diff else {}
         ttft = "/".join(_fmt(p.get(f"ttft_ms_p{q}")) for q in (50, 90, 99)) if p else ""
         body.append(
             [
-                f"{c['target']} {c['prompts']} out{c['output_tokens']}",
-                c["dtype"].upper(),
-                "on" if c["prefix_cache"] else "off",
-                str(c["concurrency"]),
+                f"{c.target} {c.prompts} out{c.output_tokens}",
+                c.dtype.upper(),
+                "on" if c.prefix_cache else "off",
+                str(c.concurrency),
                 r.equality(),
                 *(
-                    str(d.get(k, "—"))
+                    str(counts.get(k, "—"))
                     for k in ("bf16_tie_flip", "cache_boundary", "post_eos", "unexplained", "incomparable")
                 ),
                 _checks_cell(r),
@@ -202,19 +221,101 @@ def text_table(rows: list[CellRow]) -> str:
     )
 
 
-def markdown(root: str | Path, rows: list[CellRow], plots: dict | None = None) -> str:
-    """The PR page: setup (tool, commit, host, engine commands), the table, failures with evidence, plots."""
+def _num(x, digits: int = 3) -> str:
+    return "?" if x is None else f"{abs(x):.{digits}g}"
+
+
+def _side(a, b, fmt=str) -> str:
+    return f"{'?' if a is None else fmt(a)} / {'?' if b is None else fmt(b)}"
+
+
+PAIR_HEAD = [
+    "cell (A = serial c1, B = burst)",
+    "key",
+    "class",
+    "pos",
+    "token A / B",
+    "gap A / B nats",
+    "gap A / B ulp",
+    "reused prefix A / B",
+    "drift before",
+    "rule",
+    "teacher-forced",
+]
+
+
+def pair_rows(rows: list[CellRow]) -> list[list[str]]:
+    """One row per non-identical pair of every cell, with the evidence of its verdict."""
+    out = []
+    for r in rows:
+        c = r.cell
+        for p in divergent(r):
+            out.append(
+                [
+                    f"{c.target} {c.dtype.upper()} cache-{'on' if c.prefix_cache else 'off'} "
+                    f"{c.prompts} c{c.concurrency}",
+                    p.key,
+                    p.cls,
+                    "" if p.position is None else str(p.position),
+                    _side(p.token_a, p.token_b),
+                    _side(p.gap_a, p.gap_b, _num),
+                    _side(p.gap_a_ulp, p.gap_b_ulp, _num),
+                    _side(p.boundary_a, p.boundary_b),
+                    _num(p.drift_max),
+                    p.rule,
+                    p.teacher or "",
+                ]
+            )
+    return out
+
+
+def pair_table(rows: list[CellRow], fmt: str = "github") -> str:
+    """Every non-identical pair as a table (markdown by default; pipes inside cells escaped)."""
+    body = pair_rows(rows)
+    if not body:
+        return "(no divergent pair)"
+    if fmt == "github":
+        body = [[x.replace("|", "\\|") for x in row] for row in body]
+    return tabulate(body, headers=PAIR_HEAD, tablefmt=fmt, disable_numparse=True)
+
+
+AB_TEXT = (
+    "**A and B.** In every cell A is the serial baseline (one request at a time, "
+    "`groups/<group>/serial.h5`) and B the concurrent burst (every prompt sent at t=0, at most "
+    "`conc` in flight, `cells/<cell>/burst.h5`), both sent to the same engine process: same engine, "
+    "dtype and prefix-cache setting, so A and B differ in concurrency and, with the cache on, in "
+    "which prefixes the engine had already cached (B re-sends prompts that A cached)."
+)
+PAIR_LEGEND = (
+    "Columns: `pos` is the first differing generated position; `gap` is the logprob gap between "
+    "the two competing tokens at `pos` in each trace (A: A's token over B's, B: the reverse), in "
+    "nats and in ULPs of the run's grid (raw logits); `reused prefix` is each request's reported "
+    "`cached_tokens`; `drift before` is the max |Δ chosen logprob| before `pos` (nats); `rule` is "
+    "why the class applies (docs/analysis.md); `teacher-forced` is the replay cross-check when run."
+)
+
+
+def markdown(root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None) -> str:
+    """The PR page: verdict, what A and B are, the cell table, every non-identical pair with its
+    evidence, failures, the setup, and the plots (as attachments)."""
     root = Path(root)
-    man = _json(root / "manifest.json") or {}
     head, body = table_rows(rows)
     n_ok = sum(r.ok for r in rows)
     lines = [
-        f"## tracekit matrix evidence: {(man.get('matrix') or {}).get('name', root.name)}",
+        f"## tracekit matrix evidence: {man.matrix_name if man else root.name}",
         "",
         f"**{n_ok}/{len(rows)} cells pass** (a cell fails on any `unexplained` or `incomparable` pair, "
-        "or any failed lifecycle check). Identical = serial baseline vs concurrent burst, equal token ids.",
+        "or any failed lifecycle check). Identical = A vs B, equal token ids.",
+        "",
+        AB_TEXT,
         "",
         tabulate(body, headers=head, tablefmt="github", disable_numparse=True),
+        "",
+        f"### Non-identical pairs ({sum(len(divergent(r)) for r in rows)})",
+        "",
+        pair_table(rows),
+        "",
+        PAIR_LEGEND,
         "",
     ]
     lines += _failures(rows) + _setup(man) + _plot_lines(root, plots)
@@ -224,74 +325,84 @@ def markdown(root: str | Path, rows: list[CellRow], plots: dict | None = None) -
 def _failures(rows: list[CellRow]) -> list[str]:
     out = []
     for r in rows:
-        if r.ok:
+        notes = [f"perf: {r.perf_error}"] if r.perf_error else []
+        if r.ok and not notes:
             continue
+        d = r.diff
+        bad = [f"{d.counts[k]} {k} ({', '.join(p.key for p in d.pairs if p.cls == k)})" for k in FAILING] if d else []
         out.append(
-            f"- **{r.cell['id']}**: "
+            f"- **{r.cell.id}**: "
             + "; ".join(
-                [f"{r.diff[k]} {k}" for k in FAILING if r.diff and r.diff[k]]
-                + ([r.cell.get("diff_error") or "no diff"] if r.diff is None else [])
-                + [f"{c['name']}: {c['summary']}" for c in r.checks if c["status"] == "fail"]
+                [b for b, k in zip(bad, FAILING) if d.counts[k]]
+                + ([r.loaded.diff_error or "no diff"] if d is None else [])
+                + [f"{c.name}: {c.summary}" for c in r.loaded.record.checks if c.status == "fail"]
+                + notes
             )
         )
-    return (["### Failed cells", ""] + out + [""]) if out else []
+    return (["### Failed cells and read errors", ""] + out + [""]) if out else []
 
 
-def _setup(man: dict) -> list[str]:
-    if not man:
-        return ["(no manifest.json: setup unknown)", ""]
-    host = man.get("host") or {}
+def _setup(man: Manifest | None) -> list[str]:
+    if man is None:
+        return ["(no manifest.json: the run did not finish; setup unknown)", ""]
+    host = man.host
     out = [
         "### Setup",
         "",
-        f"- tool: {man.get('tool')}, commit `{man.get('git_commit')}`",
-        f"- command: `{man.get('command')}`",
+        f"- tool: {man.tool}, commit `{man.git_commit}`",
+        f"- command: `{man.command}`",
         f"- host: {host.get('hostname')} ({host.get('platform')}, {host.get('cpus')} CPUs, "
         f"Python {host.get('python')})",
-        f"- run: {man.get('started_utc')} → {man.get('finished_utc')}",
+        f"- run: {man.started_utc} → {man.finished_utc}",
     ]
-    for eid, e in (man.get("engines") or {}).items():
-        meta = (((e.get("self_report") or {}).get("v1_models") or {}).get("data") or [{}])[0].get("meta") or {}
+    for e in man.engines:
+        data = (e.self_report.get("v1_models") or {}).get("data") or [{}]
+        meta = (data[0] if isinstance(data[0], dict) else {}).get("meta") or {}
         desc = ", ".join(
             f"{k}={meta[k]}"
             for k in ("engine", "version", "dtype", "attn", "slots", "prefix_cache", "inject_fault")
             if k in meta
         )
-        cmd = " ".join(e.get("command") or []) or e.get("url", "")
+        cmd = " ".join(e.command or ()) or e.url or ""
         out.append(
-            f"- engine `{eid}`: `{cmd}`"
+            f"- engine `{e.engine_id}`: `{cmd}`"
             + (f" — self-report: {desc}" if desc else "")
-            + (f" — **did not start**: {e['error'][:200]}" if e.get("error") else "")
+            + (f" — **did not start**: {e.error[:200]}" if e.error else "")
         )
-    out.append(f"- {len(man.get('files') or {})} files with sha256 in `manifest.json`")
+    out.append(f"- {len(man.files)} files with sha256 in `manifest.json`")
     return out + [""]
 
 
 def _plot_lines(root: Path, plots: dict | None) -> list[str]:
     if not plots:
         return []
-    out = ["### Plots", ""]
-    for name, path in plots.items():
-        rel = Path(path).resolve().relative_to((root / "report").resolve()).as_posix()
-        out.append(f"![{name}]({rel})")
+    out = [
+        "### Plots",
+        "",
+        "The plots are PNG files beside this page (`report/` of the run directory). **Attach them** "
+        "to the PR or comment (drag the files in): the image links below are relative and show only "
+        "where this file is viewed next to them (a repository, a local viewer); they break once pasted.",
+        "",
+    ]
+    for name, rel in plots.items():
+        out.append(f"- `{rel}`: ![{name}]({Path(rel).relative_to('report').as_posix()})")
     return out + [""]
 
 
-def write_report(
-    root: str | Path, pair: tuple[str, str] | None = None, plots: bool = True
-) -> tuple[list[CellRow], dict, str]:
-    """Write DIR/report/{report.md, summary.json, *.png}; returns (rows, summary JSON, markdown)."""
-    root = Path(root)
-    rows = load_cells(root)
-    out = root / "report"
+def write_report(root: str | Path, pair: tuple[str, str] | None = None, plots: bool = True) -> Report:
+    """Write DIR/report/{report.md, summary.json, *.png} and return the Report."""
+    rd = RunDir(root)
+    man, rows = load_rows(rd.root)
+    out = rd.report_dir
     out.mkdir(parents=True, exist_ok=True)
     made = {}
     if plots:
         from .plots import make_plots
 
-        made = make_plots(root, [r.cell for r in rows], out, pair)
-    doc = summary(root, rows, {k: Path(v).relative_to(root).as_posix() for k, v in made.items()})
-    md = markdown(root, rows, made)
+        made = make_plots(rd, [r.loaded for r in rows], out, pair)
+    rel = {k: Path(v).relative_to(rd.root).as_posix() for k, v in made.items()}
+    doc = summary(rd.root, man, rows, rel)
+    md = markdown(rd.root, man, rows, rel)
     (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "report.md").write_text(md)
-    return rows, doc, md
+    return Report(rd.root, man, tuple(rows), doc, md, rel)

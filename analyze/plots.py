@@ -2,20 +2,21 @@
 
 - classes.png: divergence classes across the matrix, a cell x class heatmap of pair counts;
 - gaps.png: at each divergence, the gap between the two competing tokens in the
-  reference trace (nats, log scale) against the position where it happened;
+  reference trace (ULPs of the raw logits, symlog) against the position where it happened;
 - drift.png: chosen-token logprobs of one pair (baseline vs burst) along the
   sequence, their |difference|, and the divergence position.
 
-Reads only DIR (cell.json, diff.json, traces). Never imports capture/.
+Reads only DIR, through `tracekit.rundir` (cells, diffs) and the traces. Never imports capture/.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from tracekit.errors import ConfigError
+from tracekit.rundir import Cell, DiffSummary, LoadedCell, PairEvidence, RunDir
 from tracekit.store import TraceReader
 
 # Column / legend order: the benign classes, then the failing ones.
@@ -39,25 +40,13 @@ def _plt():
     return plt
 
 
-def _diffs(root: Path, cells: list[dict]) -> list[tuple[dict, dict]]:
-    out = []
-    for c in cells:
-        p = root / c["diff"] if c.get("diff") else None
-        if p is not None and p.is_file():
-            out.append((c, json.loads(p.read_text())))
-    return out
+def _label(c: Cell) -> str:
+    return c.label()
 
 
-def _label(c: dict) -> str:
-    return (
-        f"{c['target']} {c['dtype']} cache-{'on' if c['prefix_cache'] else 'off'} {c['prompts']} "
-        f"out{c['output_tokens']} c{c['concurrency']}"
-    )
-
-
-def heatmap(diffs: list[tuple[dict, dict]], out: Path) -> None:
+def heatmap(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> None:
     plt = _plt()
-    counts = np.array([[d["summary"].get(k, 0) for k in ORDER] for _, d in diffs], dtype=float)  # [cells, classes]
+    counts = np.array([[d.counts[k] for k in ORDER] for _, d in diffs], dtype=float)  # [cells, classes]
     share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     fig, ax = plt.subplots(figsize=(9.5, 0.42 * len(diffs) + 1.8))
     ax.imshow(share, cmap="Blues", vmin=0, vmax=1, aspect="auto")
@@ -74,14 +63,14 @@ def heatmap(diffs: list[tuple[dict, dict]], out: Path) -> None:
             fontweight="bold" if bad else "normal",
         )
     ax.set_xticks(range(len(ORDER)), [c.replace("_", " ") for c in ORDER], rotation=20)
-    ax.set_yticks(range(len(diffs)), [_label(c) for c, _ in diffs], fontsize=8)
+    ax.set_yticks(range(len(diffs)), [_label(c.cell) for c, _ in diffs], fontsize=8)
     ax.set_title("Divergence classes per cell (pairs: serial baseline vs concurrent burst)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
-def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
+def gap_scatter(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> int:
     """One point per divergent pair: the reference trace's gap between the two tokens,
     in BF16 ULPs of the raw logits (symlog: 0 = an exact tie); returns how many were drawn."""
     plt = _plt()
@@ -91,11 +80,11 @@ def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
     for cls in ORDER:
         for marker, dtype in (("o", "bf16"), ("s", "fp32"), ("^", "fp16")):
             pts = [
-                (p["position"], abs(p["gap_a_ulp"]))
+                (p.position, abs(p.gap_a_ulp))
                 for c, d in diffs
-                if c["dtype"] == dtype
-                for p in d["pairs"]
-                if p["class"] == cls and p["position"] is not None and p["gap_a_ulp"] is not None
+                if c.cell.dtype == dtype
+                for p in d.pairs
+                if p.cls == cls and p.position is not None and p.gap_a_ulp is not None
             ]
             if pts:
                 x, y = np.array(pts, dtype=float).T
@@ -112,13 +101,16 @@ def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
                 )
                 n += len(pts)
                 top = max(top, float(y.max()))
-    tie = next((d["thresholds"]["tie_ulps"] for _, d in diffs), 4)
-    ax.axhline(tie, color="#1e88e5", ls="--", lw=1)
-    ax.text(ax.get_xlim()[1], tie, f" tie tolerance {tie:g} ulp", va="bottom", ha="right", fontsize=8, color="#1e88e5")
+    tie = next((d.thresholds["tie_ulps"] for _, d in diffs if "tie_ulps" in d.thresholds), None)
+    if tie is not None:  # the diffs' own tolerance; not drawn when they do not state one
+        ax.axhline(tie, color="#1e88e5", ls="--", lw=1)
+        ax.text(
+            ax.get_xlim()[1], tie, f" tie tolerance {tie:g} ulp", va="bottom", ha="right", fontsize=8, color="#1e88e5"
+        )
     ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylim(-0.3, max(top, tie) * 3)
+    ax.set_ylim(-0.3, max(top, tie or 0) * 3)
     ax.set_xlabel("generated position of the first differing token")
-    ax.set_ylabel("top-2 gap in the reference trace\n(BF16 ULPs of the raw logits; 0 = exact tie)")
+    ax.set_ylabel("top-2 gap in the reference trace\n(ULPs of the raw logits; 0 = exact tie)")
     ax.set_title("Gap between the two competing tokens at each divergence", fontsize=10)
     if n:
         ax.legend(
@@ -137,14 +129,14 @@ def gap_scatter(diffs: list[tuple[dict, dict]], out: Path) -> int:
     return n
 
 
-def pick_pair(diffs: list[tuple[dict, dict]]) -> tuple[dict, dict] | None:
+def pick_pair(diffs: list[tuple[LoadedCell, DiffSummary]]) -> tuple[LoadedCell, PairEvidence] | None:
     """The pair to draw: the first unexplained, else the latest-position benign divergence."""
     best, score = None, None
     for c, d in diffs:
-        for p in d["pairs"]:
-            if p["position"] is None or p["class"] in ("identical", "incomparable"):
+        for p in d.pairs:
+            if p.position is None or p.cls in ("identical", "incomparable"):
                 continue
-            s = (p["class"] == "unexplained", p["position"])
+            s = (p.cls == "unexplained", p.position)
             if score is None or s > score:
                 best, score = (c, p), s
     return best
@@ -156,11 +148,12 @@ def _logprobs(path: Path, key: str) -> np.ndarray:
         return np.asarray(r.tokens(i).logprob, dtype=np.float64)
 
 
-def drift(root: Path, cell: dict, pair: dict, out: Path) -> None:
+def drift(rd: RunDir, lc: LoadedCell, pair: PairEvidence, out: Path) -> None:
     plt = _plt()
-    a, b = _logprobs(root / cell["baseline"], pair["key"]), _logprobs(root / cell["burst"], pair["key"])
+    r = lc.record
+    a, b = _logprobs(rd.path(r.baseline), pair.key), _logprobs(rd.path(r.burst), pair.key)
     n = min(len(a), len(b))
-    t = pair["position"]
+    t = pair.position
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True, height_ratios=[2, 1])
     ax1.plot(np.arange(len(a)), a, "o-", ms=3, label="serial baseline (A)", color="#1e88e5")
     ax1.plot(np.arange(len(b)), b, "s--", ms=3, label="concurrent burst (B)", color="#e53935", alpha=0.8)
@@ -170,13 +163,13 @@ def drift(root: Path, cell: dict, pair: dict, out: Path) -> None:
     ax2.set_ylabel("|Δ logprob|, nats\n(floored at 1e-9)")
     ax2.set_xlabel("generated position")
     for ax in (ax1, ax2):
-        ax.axvline(t, color=COLORS.get(pair["class"], "k"), ls=":", lw=1.5)
+        ax.axvline(t, color=COLORS.get(pair.cls, "k"), ls=":", lw=1.5)
         ax.axvspan(t, max(n, t + 1) - 0.5, color="#eeeeee", zorder=0)
         ax.grid(alpha=0.3)
     ax1.legend(fontsize=8)
     ax1.set_title(
-        f"{_label(cell)} · key {pair['key']}\n{pair['class']} at position {t} "
-        f"(tokens {pair['token_a']} vs {pair['token_b']}); grey: after the divergence",
+        f"{_label(lc.cell)} · key {pair.key}\n{pair.cls} at position {t} "
+        f"(tokens {pair.token_a} vs {pair.token_b}); grey: after the divergence",
         fontsize=9,
     )
     fig.tight_layout()
@@ -185,12 +178,12 @@ def drift(root: Path, cell: dict, pair: dict, out: Path) -> None:
 
 
 def make_plots(
-    root: str | Path, cells: list[dict], out_dir: str | Path, pair: tuple[str, str] | None = None
+    rd: RunDir, cells: list[LoadedCell], out_dir: str | Path, pair: tuple[str, str] | None = None
 ) -> dict[str, str]:
     """Write the PNGs under out_dir; returns {name: path}. pair = (cell id, key) for drift.png."""
-    root, out_dir = Path(root), Path(out_dir)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    diffs = _diffs(root, cells)
+    diffs = [(c, c.diff) for c in cells if c.diff is not None]
     if not diffs:
         return {}
     paths = {"classes": out_dir / "classes.png", "gaps": out_dir / "gaps.png"}
@@ -198,14 +191,12 @@ def make_plots(
     gap_scatter(diffs, paths["gaps"])
     chosen = pick_pair(diffs)
     if pair is not None:
-        from tracekit.errors import ConfigError
-
-        cd = next(((c, d) for c, d in diffs if c["id"] == pair[0]), None)
-        p = next((p for p in cd[1]["pairs"] if p["key"] == pair[1]), None) if cd else None
-        if p is None or p["position"] is None:
+        cd = next(((c, d) for c, d in diffs if c.cell.id == pair[0]), None)
+        p = next((p for p in cd[1].pairs if p.key == pair[1]), None) if cd else None
+        if p is None or p.position is None:
             raise ConfigError(f"--pair {pair[0]}:{pair[1]}: no such diverging pair in the run")
         chosen = (cd[0], p)
-    if chosen is not None and chosen[0].get("baseline") and chosen[0].get("burst"):
+    if chosen is not None and chosen[0].record.baseline and chosen[0].record.burst:
         paths["drift"] = out_dir / "drift.png"
-        drift(root, chosen[0], chosen[1], paths["drift"])
+        drift(rd, chosen[0], chosen[1], paths["drift"])
     return {k: str(v) for k, v in paths.items()}

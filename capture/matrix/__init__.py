@@ -2,23 +2,26 @@
 
 spec.py parses the TOML into cells; engines.py starts and stops each engine
 configuration; cells.py captures the serial baseline and the concurrent burst
-of every cell and runs lifecycle.py's checks; manifest.py hashes DIR.
-Never imports analyze: `tracekit run` (the CLI) diffs each cell afterwards.
+of every cell and runs lifecycle.py's checks; run.py is the library call
+(`run(matrix, out, differ)`). The run directory's layout and records live in
+tracekit/rundir.py. Never imports analyze: the caller passes the differ.
 """
 
-from .cells import CHECKS_SCHEMA, CellOutcome, run_matrix
-from .lifecycle import CheckResult
-from .manifest import read_manifest, write_manifest
-from .spec import Cell, Matrix, load_matrix
+from tracekit.rundir import Cell, CellRecord, Check
+
+from .cells import run_matrix
+from .run import Differ, RunResult, TeacherPlan, run
+from .spec import Matrix, load_matrix
 
 __all__ = [
-    "CHECKS_SCHEMA",
     "Cell",
-    "CellOutcome",
-    "CheckResult",
+    "CellRecord",
+    "Check",
+    "Differ",
     "Matrix",
+    "RunResult",
+    "TeacherPlan",
     "load_matrix",
-    "read_manifest",
+    "run",
     "run_matrix",
-    "write_manifest",
 ]

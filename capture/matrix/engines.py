@@ -21,8 +21,9 @@ from pathlib import Path
 
 from tracekit.engine.process import EngineProcess, start_engine
 from tracekit.errors import EngineError
+from tracekit.rundir import Cell, EngineRecord, RunDir
 
-from .spec import Cell, Target
+from .spec import Target
 
 
 @dataclass
@@ -33,9 +34,30 @@ class RunningEngine:
     log_path: str | None
     proc: EngineProcess | None
     startup_s: float
+    report: dict  # GET /v1/models once ready (self_report)
 
     def stop(self) -> int | None:
         return self.proc.stop() if self.proc is not None else None
+
+    def record(self, target: Target, exit_code: int | None) -> EngineRecord:
+        return EngineRecord(
+            self.engine_id,
+            target.name,
+            target.kind,
+            RunDir.engine_log_rel(self.engine_id) if self.log_path else None,
+            None if self.command is None else tuple(self.command),
+            self.url,
+            round(self.startup_s, 2),
+            exit_code,
+            self.report,
+            None,
+        )
+
+
+def failed_record(t: Target, cell: Cell, error: str) -> EngineRecord:
+    """The record of an engine that did not become ready (its log stays in engines/)."""
+    log = None if t.kind == "url" else RunDir.engine_log_rel(cell.engine_id)
+    return EngineRecord(cell.engine_id, t.name, t.kind, log, tuple(command_for(t, cell)), None, None, None, {}, error)
 
 
 def _free_port() -> int:
@@ -73,8 +95,9 @@ def start(t: Target, cell: Cell, log_dir: Path, ready_timeout_s: float) -> Runni
     log = str(log_dir / f"{cell.engine_id}.log")
     t0 = time.perf_counter()
     if t.kind == "url":
-        _wait_url(t.url.rstrip("/") + t.ready_path, ready_timeout_s)
-        return RunningEngine(cell.engine_id, t.url.rstrip("/"), None, None, None, time.perf_counter() - t0)
+        url = t.url.rstrip("/")
+        _wait_url(url + t.ready_path, ready_timeout_s)
+        return RunningEngine(cell.engine_id, url, None, None, None, time.perf_counter() - t0, self_report(url))
     env = {**os.environ, **{k: str(v) for k, v in t.env.items()}}
     if t.kind == "tracekit":
         eng = start_engine(command_for(t, cell), timeout_s=ready_timeout_s, log_path=log, env=env)
@@ -82,7 +105,8 @@ def start(t: Target, cell: Cell, log_dir: Path, ready_timeout_s: float) -> Runni
         port = _free_port()
         cmd = command_for(t, cell, port)
         eng = EngineProcess.from_command(cmd, t.url.format(port=port), t.ready_path, ready_timeout_s, log, env)
-    return RunningEngine(cell.engine_id, eng.url, list(eng.command), log, eng, time.perf_counter() - t0)
+    startup_s = time.perf_counter() - t0
+    return RunningEngine(cell.engine_id, eng.url, list(eng.command), log, eng, startup_s, self_report(eng.url))
 
 
 def self_report(url: str) -> dict:

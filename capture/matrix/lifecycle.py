@@ -25,12 +25,12 @@ import dataclasses
 import json
 import re
 import time
-from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
 
 from tracekit.errors import TracekitError
+from tracekit.rundir import Check
 from tracekit.schema import RequestTable
 
 from .. import dialects
@@ -40,17 +40,6 @@ from ..probe import probe
 from ..sse import SSEDecoder
 
 _METRIC = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$", re.M)
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    status: str  # "pass" | "fail" | "skip"
-    summary: str  # one line with the numbers that decided it
-    evidence: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -69,21 +58,19 @@ def metric(m: dict[str, float], suffix: str) -> float | None:
     return next((v for k, v in m.items() if k.endswith(suffix)), None)
 
 
-def completion_check(name: str, table: RequestTable | None, planned: int, error: str = "") -> CheckResult:
+def completion_check(name: str, table: RequestTable | None, planned: int, error: str = "") -> Check:
     if table is None:
-        return CheckResult(name, "fail", f"capture did not run: {error}", {"planned": planned})
+        return Check(name, "fail", f"capture did not run: {error}", {"planned": planned})
     counts = table.counts_by_status()
     ok = counts.get("ok", 0)
     errors = sorted({e for e, s in zip(table.error, table.status) if s != "ok" and e})[:3]
     status = "pass" if ok == planned and len(table) == planned else "fail"
-    return CheckResult(
-        name, status, f"{ok}/{planned} completed", {"counts": counts, "planned": planned, "errors": errors}
-    )
+    return Check(name, status, f"{ok}/{planned} completed", {"counts": counts, "planned": planned, "errors": errors})
 
 
-def prefix_cache_check(table: RequestTable | None, cache_on: bool, hits_delta: float | None) -> CheckResult:
+def prefix_cache_check(table: RequestTable | None, cache_on: bool, hits_delta: float | None) -> Check:
     if table is None or not len(table):
-        return CheckResult("prefix_cache", "skip", "no burst rows to inspect")
+        return Check("prefix_cache", "skip", "no burst rows to inspect")
     ct = table.cached_tokens[table.status == "ok"]
     known = ct[ct >= 0]
     ev = {
@@ -94,18 +81,18 @@ def prefix_cache_check(table: RequestTable | None, cache_on: bool, hits_delta: f
         "metrics_hits_delta": hits_delta,
     }
     if not len(known) and hits_delta is None:
-        return CheckResult("prefix_cache", "skip", "engine reports neither cached_tokens nor a hit counter", ev)
+        return Check("prefix_cache", "skip", "engine reports neither cached_tokens nor a hit counter", ev)
     reused = int(np.sum(known > 0)) if len(known) else 0
     hit = reused > 0 or (hits_delta or 0) > 0
     if cache_on:
-        return CheckResult(
+        return Check(
             "prefix_cache",
             "pass" if hit else "fail",
             f"{reused}/{len(ct)} burst requests reused a prefix (expected > 0); "
             f"hit counter +{hits_delta if hits_delta is not None else '?'}",
             ev,
         )
-    return CheckResult(
+    return Check(
         "prefix_cache",
         "fail" if hit else "pass",
         f"cache off: {reused}/{len(ct)} requests reported reuse (expected 0)",
@@ -147,11 +134,11 @@ async def _stream_then_disconnect(session, base: str, dialect, spec: RequestSpec
         return {"key": spec.key, "error": f"{type(e).__name__}: {e}", "tokens_read": got}
 
 
-async def _drain(session, base: str, timeout_s: float, before: dict | None) -> CheckResult:
+async def _drain(session, base: str, timeout_s: float, before: dict | None) -> Check:
     t0 = time.perf_counter()
     m = await _metrics(session, base)
     if m is None or metric(m, "num_requests_running") is None:
-        return CheckResult("cancel_drain", "skip", "engine exposes no /metrics with num_requests_running")
+        return Check("cancel_drain", "skip", "engine exposes no /metrics with num_requests_running")
     while True:
         running, waiting = metric(m, "num_requests_running"), metric(m, "num_requests_waiting") or 0.0
         waited = time.perf_counter() - t0
@@ -172,15 +159,13 @@ async def _drain(session, base: str, timeout_s: float, before: dict | None) -> C
         "slots_busy": metric(m, "slots_busy"),
     }
     if running == 0 and waiting == 0:
-        return CheckResult(
+        return Check(
             "cancel_drain",
             "pass",
             f"idle {waited:.2f} s after the disconnects (cancelled counter +{delta if delta is not None else '?'})",
             ev,
         )
-    return CheckResult(
-        "cancel_drain", "fail", f"still {running:g} running / {waiting:g} waiting after {timeout_s:g} s", ev
-    )
+    return Check("cancel_drain", "fail", f"still {running:g} running / {waiting:g} waiting after {timeout_s:g} s", ev)
 
 
 def _outcome_view(o, acc) -> dict:
@@ -200,10 +185,10 @@ def _first_diff(a: list, b: list) -> int | None:
     return first if first is not None or len(a) == len(b) else min(len(a), len(b))
 
 
-def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: list) -> CheckResult:
+def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: list) -> Check:
     ev = {"probe_key": after["key"], "before": before, "after": after, "baseline": baseline}
     if before["status"] != "ok" or after["status"] != "ok":
-        return CheckResult(
+        return Check(
             "cancel_then_match", "fail", f"probe status before {before['status']}, after {after['status']}", ev
         )
     n = min(len(lp_a), len(lp_b))
@@ -226,8 +211,8 @@ def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: l
         else:
             problems.append(f"differs from {name} from position {first} (same reused prefix {after['cached_tokens']})")
     if problems:
-        return CheckResult("cancel_then_match", "fail", f"{after['key']} after the drain: " + "; ".join(problems), ev)
-    return CheckResult(
+        return Check("cancel_then_match", "fail", f"{after['key']} after the drain: " + "; ".join(problems), ev)
+    return Check(
         "cancel_then_match",
         "pass",
         f"{after['key']}: {len(after['token_ids'])} tokens " + ", ".join(parts) + f"; max |Δlogprob| {dlp:.3g}",
@@ -235,7 +220,7 @@ def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: l
     )
 
 
-async def _bad_request(session, base: str, dialect, spec: RequestSpec, ready_path: str, clock) -> CheckResult:
+async def _bad_request(session, base: str, dialect, spec: RequestSpec, ready_path: str, clock) -> Check:
     body = dialect.body(dataclasses.replace(spec, stream=False))
     body["max_tokens"] = -1
     async with session.post(
@@ -247,7 +232,7 @@ async def _bad_request(session, base: str, dialect, spec: RequestSpec, ready_pat
     o, acc = await send(session, base, dialect, dataclasses.replace(spec, max_tokens=2, key="after-bad"), clock)
     ev = {"http_status": status, "body": text, "health_after": health, "request_after": o.record.status}
     ok = status == 400 and health == 200 and o.record.status == "ok"
-    return CheckResult(
+    return Check(
         "bad_request",
         "pass" if ok else "fail",
         f"max_tokens=-1 -> HTTP {status} (want 400); health {health}; next request {o.record.status}",
@@ -265,7 +250,7 @@ async def _lifecycle(
     drain_timeout_s: float,
     timeout_s: float,
     ready_path: str,
-) -> list[CheckResult]:
+) -> list[Check]:
     base = url.rstrip("/")
     async with make_session(k_cancel + 2, timeout_s) as session:
         pr = await probe(session, base, "auto")
@@ -296,7 +281,7 @@ def lifecycle_checks(
     drain_timeout_s: float,
     timeout_s: float,
     ready_path: str = "/health",
-) -> list[CheckResult]:
+) -> list[Check]:
     """Cancellation, drain, match and bad-request checks against a running engine (blocking).
     specs[probe_i] is the probe; baseline: its serial row {token_ids, cached_tokens} or None."""
     try:
@@ -304,4 +289,4 @@ def lifecycle_checks(
             _lifecycle(url, specs, probe_i, baseline, k_cancel, after_tokens, drain_timeout_s, timeout_s, ready_path)
         )
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, TracekitError) as e:
-        return [CheckResult("lifecycle", "fail", f"checks could not run: {type(e).__name__}: {e}")]
+        return [Check("lifecycle", "fail", f"checks could not run: {type(e).__name__}: {e}")]

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import tomllib
 
+from tracekit.dtypes import NAMES as DTYPES
 from tracekit.errors import ConfigError
+from tracekit.rundir import Cell
 
-DTYPES = ("fp32", "bf16", "fp16")
 AXES = {"concurrency": int, "dtype": str, "prefix_cache": bool, "output_tokens": int, "prompts": str}
 TOP_KEYS = {"name", "description", "run", "checks", "axes", "target", "prompts"}
 RUN_KEYS = {
@@ -82,43 +83,6 @@ class Settings:
     cancel_streams: int = 0  # 0: min(concurrency, prompts)
     cancel_after_tokens: int = 4  # disconnect after this many streamed tokens
     drain_timeout_s: float = 15.0
-
-
-@dataclass(frozen=True)
-class Cell:
-    target: str
-    dtype: str
-    prefix_cache: bool
-    prompts: str
-    output_tokens: int
-    concurrency: int
-
-    @property
-    def engine_id(self) -> str:
-        """The engine configuration: one engine process serves every cell with this id."""
-        return f"{self.target}.{self.dtype}.cache-{'on' if self.prefix_cache else 'off'}"
-
-    @property
-    def group_id(self) -> str:
-        """Cells sharing a serial baseline (they differ only in concurrency)."""
-        return f"{self.engine_id}.{self.prompts}.out{self.output_tokens}"
-
-    @property
-    def id(self) -> str:
-        return f"{self.group_id}.c{self.concurrency}"
-
-    def as_dict(self) -> dict:
-        return {
-            "id": self.id,
-            "engine_id": self.engine_id,
-            "group_id": self.group_id,
-            "target": self.target,
-            "dtype": self.dtype,
-            "prefix_cache": self.prefix_cache,
-            "prompts": self.prompts,
-            "output_tokens": self.output_tokens,
-            "concurrency": self.concurrency,
-        }
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from analyze.demo_report import demo_verdict
 from analyze.matrix_report import CellRow
-from tracekit.cli.demo import verdict
+from tracekit.rundir import Cell, CellRecord, DiffRef, DiffSummary, LoadedCell, RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(dtype: str, identical: int, pairs: int = 8, flips: int = 0) -> CellRow:
-    summary = {
+    counts = {
         "pairs": pairs,
         "identical": identical,
         "bf16_tie_flip": flips,
@@ -27,18 +28,19 @@ def _row(dtype: str, identical: int, pairs: int = 8, flips: int = 0) -> CellRow:
         "unexplained": pairs - identical - flips,
         "incomparable": 0,
     }
-    return CellRow({"id": f"ref.{dtype}", "dtype": dtype}, summary, ())
+    rec = CellRecord(Cell("ref", dtype, True, "p", 32, 8), "a.h5", "b.h5", (), DiffRef("d.json", None))
+    return CellRow(LoadedCell(rec, DiffSummary("a.h5", "b.h5", counts, {}, ()), None))
 
 
 def test_verdict_fails_when_fp32_control_is_not_n_of_n():
-    ok, lines = verdict([_row("fp32", 7), _row("bf16", 6, flips=2)])
-    assert not ok and lines[0].startswith("FAIL: FP32 control is NOT N/N: 7/8")
+    v = demo_verdict([_row("fp32", 7), _row("bf16", 6, flips=2)])
+    assert not v.ok and v.lines[0].startswith("FAIL: FP32 control is NOT N/N: 7/8")
 
 
 def test_verdict_passes_with_bf16_flips_and_fp32_n_of_n():
-    ok, lines = verdict([_row("fp32", 8), _row("bf16", 6, flips=2)])
-    assert ok and "8/8 identical" in lines[0] and "2 of 8 pairs diverge: 2 bf16_tie_flip" in lines[1]
-    assert "expected finding, not a failure" in lines[1]
+    v = demo_verdict([_row("fp32", 8), _row("bf16", 6, flips=2)])
+    assert v.ok and "8/8 identical" in v.lines[0] and "2 of 8 pairs diverge: 2 bf16_tie_flip" in v.lines[1]
+    assert "expected finding, not a failure" in v.lines[1]
 
 
 @pytest.mark.slow
@@ -59,12 +61,14 @@ def test_demo_end_to_end(tmp_path):
     flips = sum(c["classes"]["bf16_tie_flip"] + c["classes"]["cache_boundary"] for c in bf)
     assert flips >= 1 and doc["failed_cells"] == []
     # Every divergent key got a teacher-forced verdict next to its class.
-    man = json.loads((out / "manifest.json").read_text())
-    assert man["teacher_forced"]
-    for cid in man["teacher_forced"]:
-        pairs = json.loads((out / "cells" / cid / "diff.json").read_text())["pairs"]
-        div = [q for q in pairs if q["class"] != "identical"]
-        assert div and all(q["teacher"] for q in div)
-        assert f"cells/{cid}/teacher.h5" in man["files"]
+    man, cells = RunDir(out).load()
+    replayed = [c for c in cells if c.record.teacher is not None]
+    assert replayed
+    for c in replayed:
+        div = [q for q in c.diff.pairs if q.cls != "identical"]
+        assert div and all(q.teacher for q in div) and {q.key for q in div} == set(c.record.teacher.keys)
+        assert c.record.teacher.trace in man.files
     for name in ("classes", "gaps", "drift"):
         assert (out / "report" / f"{name}.png").stat().st_size > 10_000
+    # What the README promises: the demo's stdout kept beside the report.
+    assert (out / "report" / "demo_stdout.txt").read_text() == p.stdout

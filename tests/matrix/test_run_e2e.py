@@ -90,7 +90,7 @@ def test_checks_keep_their_evidence(run_dir):
 
 def test_manifest_hashes_every_file_and_records_the_engines(run_dir):
     man = json.loads((run_dir / "manifest.json").read_text())
-    assert man["schema"] == "tracekit.run-manifest/1" and man["tool"].startswith("tracekit ")
+    assert man["schema"] == "tracekit.run-manifest/2" and man["tool"].startswith("tracekit ")
     assert man["git_commit"] and man["host"]["cpus"] and "tracekit run" in man["command"]
     files = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
     hashed = set(man["files"])

@@ -36,12 +36,12 @@ def cmd(directory, as_json, pair, no_plots) -> int:
         if not sep or not cell or not key:
             raise click.BadParameter(f"{pair!r}: expected CELL:KEY", param_hint="--pair")
         sel = (cell, key)
-    rows, doc, md = write_report(directory, sel, plots=not no_plots)
-    click.echo(json.dumps(doc, indent=1) if as_json else md)
+    report = write_report(directory, sel, plots=not no_plots)
+    click.echo(json.dumps(report.summary, indent=1) if as_json else report.markdown)
     out = Path(directory) / "report"
     click.echo(
         f"report: {out / 'report.md'}; summary: {out / 'summary.json'}; plots: "
-        + (", ".join(str(Path(directory) / p) for p in doc["plots"].values()) or "none"),
+        + (", ".join(str(Path(directory) / p) for p in report.plots.values()) or "none"),
         err=True,
     )
-    return 0 if not doc["failed_cells"] else 1
+    return 1 if report.failed_cells else 0

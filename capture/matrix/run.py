@@ -1,0 +1,126 @@
+"""`run(matrix, out, differ)`: a whole matrix run as one library call.
+
+Captures every cell (cells.py), diffs each cell's burst against its serial
+baseline with the `differ` it is given, optionally replays the divergent keys
+through the teacher-forced diagnostic and diffs again with that cross-check,
+then hashes DIR into the manifest. Returns the run as read back from DIR.
+
+capture/ never imports analyze/, so the comparison comes in as a function: the
+CLI passes `analyze.matrix_report.diff_document`; a library user may pass their
+own. The report (analyze.matrix_report.write_report) is a separate step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tracekit import __version__
+from tracekit.errors import TracekitError
+from tracekit.rundir import CellRecord, DiffRef, LoadedCell, Manifest, RunDir, TeacherRef, now_utc
+from tracekit.runinfo import REPO_ROOT, command_line, git_commit, host_info
+
+from .cells import log, run_matrix
+from .spec import Matrix
+
+# (A trace, B trace, teacher-forced trace or None) -> a tracekit.diff/1 document
+Differ = Callable[[Path, Path, "Path | None"], dict]
+
+
+@dataclass(frozen=True)
+class TeacherPlan:
+    """The teacher-forced step of `tracekit demo`: replay every divergent key of a cell
+    (from its serial baseline) under these histories and dtypes with the target's model."""
+
+    histories: str = "full,prefix:auto,decode"
+    dtypes: str = "fp32,bf16"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    root: Path
+    manifest: Manifest
+    cells: tuple[LoadedCell, ...]
+
+    @property
+    def failed_cells(self) -> list[str]:
+        return [c.cell.id for c in self.cells if not c.passed]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed_cells
+
+
+def _diff(rd: RunDir, r: CellRecord, differ: Differ, teacher: Path | None = None) -> DiffRef:
+    if r.baseline is None or r.burst is None:
+        return DiffRef(None, "no diff: a capture failed (see its checks)")
+    try:
+        return rd.write_diff(r.cell.id, differ(rd.path(r.baseline), rd.path(r.burst), teacher), r.baseline, r.burst)
+    except TracekitError as e:
+        return DiffRef(None, f"diff failed: {e}")
+    except Exception as e:  # noqa: BLE001 - an analysis crash on one cell must not lose the run:
+        # it is recorded as that cell's diff error (the cell then fails) and the run goes on.
+        return DiffRef(None, f"diff crashed: {type(e).__name__}: {e}")
+
+
+def model_dir(m: Matrix, target: str) -> str:
+    """The model a `serve` target runs (its --model, else the fixture model)."""
+    args = m.target(target).args
+    return args[args.index("--model") + 1] if "--model" in args else str(REPO_ROOT / "fixtures" / "models" / "tiny")
+
+
+def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, differ: Differ) -> CellRecord:
+    """Replay the cell's divergent keys, then diff again with the cross-check."""
+    if r.diff.path is None or m.target(r.cell.target).kind != "tracekit":
+        return r
+    loaded = rd.load_cell(r.cell.id)
+    if loaded.diff is None:
+        return r
+    keys = tuple(
+        p.key for p in loaded.diff.pairs if p.cls not in ("identical", "incomparable") and p.position is not None
+    )
+    if not keys:
+        return r
+    from ..teacher import DiagnosticConfig, from_trace, parse_dtypes, parse_histories, run_diagnostic
+
+    log(f"teacher-forced: {r.cell.id}: {len(keys)} divergent keys")
+    ref = TeacherRef(rd.teacher_rel(r.cell.id), keys, plan.histories, plan.dtypes, model_dir(m, r.cell.target))
+    cfg = DiagnosticConfig(ref.model, parse_histories(plan.histories), parse_dtypes(plan.dtypes))
+    seqs = from_trace(str(rd.path(r.baseline)), list(keys))
+    run_diagnostic(cfg, seqs, str(rd.path(ref.trace)), extra_run={"from": r.baseline})
+    return dataclasses.replace(r, diff=_diff(rd, r, differ, rd.path(ref.trace)), teacher=ref)
+
+
+def run(
+    m: Matrix, out: str | os.PathLike, differ: Differ, *, teacher: TeacherPlan | None = None, argv=None
+) -> RunResult:
+    """Run every cell of m into the new directory `out`, diff, (teacher), manifest.
+    Raises ConfigError when `out` already holds a run."""
+    rd = RunDir.create(out, m.text)
+    started = now_utc()
+    records, engines = run_matrix(m, rd)
+    done = []
+    for r in records:
+        r = dataclasses.replace(r, diff=_diff(rd, r, differ))
+        if teacher is not None:
+            r = _teacher(rd, m, r, teacher, differ)
+        rd.write_cell(r)
+        done.append(r)
+    man = Manifest(
+        f"tracekit {__version__}",
+        git_commit(),
+        command_line(argv),
+        host_info(),
+        started,
+        now_utc(),
+        m.name,
+        m.path,
+        tuple(r.cell.id for r in done),
+        tuple(engines),
+        rd.file_hashes(),
+    )
+    rd.write_manifest(man)
+    return RunResult(rd.root, man, tuple(rd.load_cell(r.cell.id) for r in done))

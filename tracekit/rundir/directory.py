@@ -1,0 +1,175 @@
+"""`RunDir`: the layout of a run directory, and the only code that writes or reads its JSON."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import ConfigError, SchemaVersionError, TraceFormatError
+from ..files import sha256_file
+from .parse import (
+    MANIFEST_READERS,
+    Obj,
+    cell_v1,
+    cell_v2,
+    check_version,
+    load,
+    read_diff,
+    write_json,
+)
+from .records import MANIFEST, MATRIX_COPY, REPORT, VERSION, CellRecord, DiffRef, EngineRecord, LoadedCell, Manifest
+
+
+class RunDir:
+    """One run directory. Paths in records are relative to it, so a run can move."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self._manifest_doc: Obj | None | bool = False  # False: not read yet
+
+    # layout (relative paths)
+    @staticmethod
+    def serial_rel(group_id: str) -> str:
+        return f"groups/{group_id}/serial.h5"
+
+    @staticmethod
+    def burst_rel(cell_id: str) -> str:
+        return f"cells/{cell_id}/burst.h5"
+
+    @staticmethod
+    def diff_rel(cell_id: str) -> str:
+        return f"cells/{cell_id}/diff.json"
+
+    @staticmethod
+    def teacher_rel(cell_id: str) -> str:
+        return f"cells/{cell_id}/teacher.h5"
+
+    @staticmethod
+    def engine_log_rel(engine_id: str) -> str:
+        return f"engines/{engine_id}.log"
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / REPORT
+
+    # writing
+    @classmethod
+    def create(cls, root: str | os.PathLike, matrix_text: str) -> "RunDir":
+        """A new run directory holding the matrix as read; an existing run is never overwritten."""
+        rd = cls(root)
+        if (rd.root / "cells").exists() or (rd.root / MANIFEST).exists():
+            raise ConfigError(f"{rd.root}: already holds a run; choose another --out (runs are never overwritten)")
+        rd.root.mkdir(parents=True, exist_ok=True)
+        (rd.root / MATRIX_COPY).write_text(matrix_text, encoding="utf-8")
+        return rd
+
+    def write_engine(self, e: EngineRecord) -> None:
+        write_json(
+            self.root / "engines" / f"{e.engine_id}.json", {"schema": f"tracekit.engine/{VERSION}", **e.to_json()}
+        )
+
+    def write_cell(self, r: CellRecord) -> None:
+        cid = r.cell.id
+        write_json(
+            self.root / "cells" / cid / "checks.json",
+            {"schema": f"tracekit.checks/{VERSION}", "cell": cid, "checks": [c.to_json() for c in r.checks]},
+        )
+        write_json(
+            self.root / "cells" / cid / "cell.json",
+            {
+                "schema": f"tracekit.cell/{VERSION}",
+                "cell": r.cell.to_json(),
+                "baseline": r.baseline,
+                "burst": r.burst,
+                "checks": f"cells/{cid}/checks.json",
+                "diff": r.diff.to_json(),
+                "teacher": None if r.teacher is None else r.teacher.to_json(),
+            },
+        )
+
+    def write_diff(self, cell_id: str, doc: dict, a: str, b: str) -> DiffRef:
+        """Store a tracekit.diff document (its trace paths made relative to DIR)."""
+        rel = self.diff_rel(cell_id)
+        write_json(self.root / rel, {**doc, "a": a, "b": b})
+        return DiffRef(rel, None)
+
+    def file_hashes(self) -> dict[str, str]:
+        """relative path -> sha256 of every file under DIR, except the manifest and report/."""
+        out = {}
+        for p in sorted(self.root.rglob("*")):
+            rel = p.relative_to(self.root).as_posix()
+            if p.is_file() and rel != MANIFEST and rel.split("/")[0] != REPORT:
+                out[rel] = sha256_file(p)
+        return out
+
+    def write_manifest(self, m: Manifest) -> None:
+        write_json(
+            self.root / MANIFEST,
+            {
+                "schema": f"tracekit.run-manifest/{VERSION}",
+                "tool": m.tool,
+                "git_commit": m.git_commit,
+                "command": m.command,
+                "host": dict(m.host),
+                "started_utc": m.started_utc,
+                "finished_utc": m.finished_utc,
+                "matrix": {"name": m.matrix_name, "path": m.matrix_path, "copy": MATRIX_COPY},
+                "engines": {e.engine_id: e.to_json() for e in m.engines},
+                "cells": list(m.cells),
+                "files": dict(m.files),
+            },
+        )
+        self._manifest_doc = False
+
+    # reading
+    def _raw_manifest(self) -> Obj | None:
+        if self._manifest_doc is False:
+            p = self.root / MANIFEST
+            self._manifest_doc = Obj(load(p), str(p)) if p.is_file() else None
+        return self._manifest_doc
+
+    def read_manifest(self) -> Manifest | None:
+        """The manifest, or None when there is none (a run still going, or killed before the end)."""
+        o = self._raw_manifest()
+        if o is None:
+            return None
+        v = check_version(o, "tracekit.run-manifest")
+        if v not in MANIFEST_READERS:
+            raise SchemaVersionError(f"{o.where}: unknown version {v} (this tracekit reads {sorted(MANIFEST_READERS)})")
+        return MANIFEST_READERS[v](o)
+
+    def cell_ids(self) -> list[str]:
+        """Cell ids in run order (the manifest's), else in directory order."""
+        if not (self.root / "cells").is_dir():
+            raise ConfigError(
+                f"{self.root}: not a `tracekit run` directory (no cells/); run `tracekit run MATRIX --out DIR`"
+            )
+        m = self.read_manifest()
+        return list(m.cells) if m is not None else sorted(p.name for p in (self.root / "cells").iterdir())
+
+    def read_cell(self, cell_id: str) -> CellRecord:
+        p = self.root / "cells" / cell_id / "cell.json"
+        o = Obj(load(p), str(p))
+        if "schema" not in o.obj:  # version 1 wrote cell.json without a schema
+            return cell_v1(self.root, self._raw_manifest(), cell_id, o)
+        return cell_v2(self.root, cell_id, o)
+
+    def load_cell(self, cell_id: str) -> LoadedCell:
+        """The cell and its diff; a diff that cannot be read is the cell's diff_error."""
+        r = self.read_cell(cell_id)
+        if r.diff.path is None:
+            return LoadedCell(r, None, r.diff.error)
+        try:
+            return LoadedCell(r, read_diff(self.root / r.diff.path), None)
+        except TraceFormatError as e:
+            return LoadedCell(r, None, f"diff unreadable: {e}")
+
+    def load(self) -> tuple[Manifest | None, list[LoadedCell]]:
+        """The manifest (None without one) and every cell, in run order."""
+        cells = [self.load_cell(c) for c in self.cell_ids()]
+        if not cells:
+            raise ConfigError(f"{self.root}: the run has no cells")
+        return self.read_manifest(), cells
