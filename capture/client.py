@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from tracekit.errors import StreamProtocolError
+from tracekit.errors import ResponseShapeError, StreamProtocolError
 from tracekit.schema import RequestRecord, TokenColumns, prompt_hash
 
 from .dialects import Acc, Dialect, EngineErrorEvent, RequestSpec
@@ -105,6 +105,28 @@ async def _read_stream(resp: aiohttp.ClientResponse, dialect: Dialect, acc: Acc,
         raise StreamProtocolError(f"stream ended without {what} after {n} events")
 
 
+ATTEMPTS = 3  # a request is sent at most this often when its connection fails before any response byte
+
+
+class _NotStarted(Exception):
+    """The connection failed before the response's status line and headers arrived (a kept-alive
+    connection the server had closed, a reset while the body was written, a refused connect)."""
+
+
+def set_keep_alive(session: aiohttp.ClientSession, on: bool) -> None:
+    """Keep connections alive between requests (the default), or ask for a new connection per
+    request with `Connection: close` (the server closes it after its response, so no request is
+    ever written to a connection the server is about to close). probe.py decides per engine."""
+    if on:
+        session.headers.popall("Connection", None)
+    else:
+        session.headers["Connection"] = "close"
+
+
+def keeps_alive(session: aiohttp.ClientSession) -> bool:
+    return session.headers.get("Connection", "").lower() != "close"
+
+
 async def send(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -113,23 +135,76 @@ async def send(
     clock: Clock,
     started: dict | None = None,
 ) -> tuple[Outcome, Acc]:
-    """Send one request and return its outcome (never raises for engine or
-    network faults; CancelledError propagates to the run loop)."""
+    """Send one request and return its outcome (never raises for engine or network faults;
+    CancelledError propagates to the run loop).
+
+    A request whose connection fails before any response byte arrived is sent again on a fresh
+    connection, at most ATTEMPTS times in all: nothing came back, so nothing is lost by trying
+    again, and a tool that measures engines must not lose requests to its own transport. The
+    row's `error` then says how many attempts it took and the first failure (an `ok` row keeps
+    that note). A failure after the response began is never retried: it is the engine's answer."""
     body = dialect.body(spec)
-    acc = Acc()
-    status, http_status, error = "ok", -1, ""
+    data = json.dumps(body)
+    url = base_url + dialect.route(spec.stream)
     t_sent = clock()
     if started is not None:
         started[spec.key] = t_sent
+    first = ""
+    for attempt in range(1, ATTEMPTS + 1):
+        acc = Acc()
+        try:
+            if attempt == 1:
+                status, http_status, error = await _exchange(session, url, data, dialect, spec, acc, clock)
+            else:
+                status, http_status, error = await _exchange_fresh(
+                    session, url, data, dialect, spec, acc, clock, t_sent
+                )
+            break
+        except _NotStarted as e:
+            first = first or str(e)
+            status, http_status, error = "error", -1, str(e)
+    if attempt > 1:
+        note = f"{attempt} attempts, the connection failed before any response byte; first: {first}"
+        error = f"{error} ({note})" if error else note
+    t_done = clock()
+    return Outcome(
+        _record(spec, body, acc, status, http_status, error[:ERROR_EXCERPT], t_sent, t_done),
+        None,
+        _prompt_ids(spec, acc),
+    ), acc
+
+
+async def _exchange_fresh(session, url, data, dialect, spec, acc, clock, t_sent) -> tuple[str, int, str]:
+    """One attempt on a new connection (a one-off connector that never reuses one), with what is
+    left of the request's timeout."""
+    total = session.timeout.total
+    left = None if total is None else total - (clock() - t_sent)
+    if left is not None and left <= 0:
+        return "timeout", -1, "no complete response within the timeout (retrying a failed connection)"
+    timeout = aiohttp.ClientTimeout(total=left, connect=session.timeout.connect)
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, headers=session.headers, read_bufsize=1 << 18
+    ) as fresh:
+        return await _exchange(fresh, url, data, dialect, spec, acc, clock)
+
+
+async def _exchange(session, url, data, dialect, spec, acc, clock) -> tuple[str, int, str]:
+    """One attempt: (status, http_status, error). Raises _NotStarted when no response began."""
     try:
-        async with session.post(
-            base_url + dialect.route(spec.stream), data=json.dumps(body), headers={"Content-Type": "application/json"}
-        ) as resp:
-            http_status = resp.status
+        resp = await session.post(url, data=data, headers={"Content-Type": "application/json"})
+    except asyncio.TimeoutError:  # before ClientError: aiohttp's timeouts are both
+        return "timeout", -1, "no response within the timeout (0 tokens read)"
+    except aiohttp.ClientConnectionError as e:
+        raise _NotStarted(f"{type(e).__name__}: {e}") from e
+    except aiohttp.ClientError as e:  # not a connection failure (an invalid URL, bad headers)
+        return "error", -1, f"{type(e).__name__}: {e}"
+    try:
+        async with resp:
             if resp.status != 200:
                 text = await resp.text(errors="replace")
-                status, error = "error", f"HTTP {resp.status}: {text[:ERROR_EXCERPT]}"
-            elif spec.stream and resp.content_type != "application/json":
+                return "error", resp.status, f"HTTP {resp.status}: {text[:ERROR_EXCERPT]}"
+            if spec.stream and resp.content_type != "application/json":
                 await _read_stream(resp, dialect, acc, clock)
             else:  # asked not to stream, or the server answered a stream request with one JSON body
                 raw = await resp.read()
@@ -142,18 +217,14 @@ async def send(
                         raise StreamProtocolError(f"malformed JSON body: {raw[:200]!r}") from None
                 dialect.parse_response(obj, acc, clock())
     except asyncio.TimeoutError:
-        status, error = "timeout", f"no complete response within the timeout ({len(acc.lps)} tokens read)"
+        return "timeout", resp.status, f"no complete response within the timeout ({len(acc.lps)} tokens read)"
+    except ResponseShapeError as e:  # an explicit check in the dialect; anything else there is a bug
+        return "error", resp.status, f"unexpected {dialect.name} response shape: {e}"
     except (EngineErrorEvent, StreamProtocolError) as e:
-        status, error = "error", str(e)[:ERROR_EXCERPT]
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        # Valid JSON of a shape the dialect does not know: this request fails, the run goes on.
-        status, error = "error", f"unexpected {dialect.name} response shape ({type(e).__name__}: {e})"[:ERROR_EXCERPT]
+        return "error", resp.status, str(e)
     except aiohttp.ClientError as e:
-        status, error = "error", f"{type(e).__name__}: {str(e)[:ERROR_EXCERPT]}"
-    t_done = clock()
-    return Outcome(
-        _record(spec, body, acc, status, http_status, error, t_sent, t_done), None, _prompt_ids(spec, acc)
-    ), acc
+        return "error", resp.status, f"{type(e).__name__}: {e}"
+    return "ok", resp.status, ""
 
 
 def _prompt_ids(spec: RequestSpec, acc: Acc) -> list[int] | None:

@@ -8,20 +8,45 @@ OpenAI, whose parser accepts both the legacy and the chat-style logprob shapes
 (llama.cpp's `/v1` routes send the latter) and decides per response.
 Whatever answers goes into the run metadata as the engine's self-report
 (trimmed JSON plus `server` / `*version*` response headers).
+
+Before deciding it waits for the engine, when asked (`wait_ready_s`): an
+engine still loading answers 503 (llama.cpp, SGLang) or does not listen yet
+(vLLM, TGI). It also sets the run's keep-alive policy for the engine
+(`KEEP_ALIVE`, see docs/capture.md "Connections") and warns when an explicit
+`--dialect` disagrees with what the server says it is. It does not send any
+generation request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 
-from tracekit.errors import CaptureError
+from tracekit.errors import CaptureError, ConfigError
+
+from .client import set_keep_alive
 
 # owned_by in /v1/models -> dialect
 _OWNED_BY = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "tracekit": "vllm"}
+
+# Keep-alive per engine (the dialect the probe decided, or was given), from evidence
+# (docs/capture.md "Connections"). Off: a new connection per request (`Connection: close`).
+KEEP_ALIVE = {
+    "llamacpp": (
+        False,
+        "llama.cpp's HTTP server (cpp-httplib) closes kept-alive connections that a client may already "
+        "be reusing: requests were lost to it (issue 13); a new connection per request costs ~0.1 ms on loopback",
+    ),
+}
+_KEEP_ALIVE_DEFAULT = (True, "kept alive (no lost request seen with this engine); retried on a fresh connection")
+
+POLL_S = 0.5  # how often a not-ready engine is asked again (--wait-ready)
 
 
 @dataclass
@@ -34,27 +59,90 @@ class ProbeResult:
     raw_logits: bool = False
     extra_body: dict = field(default_factory=dict)  # merged into every request body
     tokenizer: str = ""  # a tokenizer dir the engine reported
+    warnings: list[str] = field(default_factory=list)  # one line each, printed on stderr and kept in run.engine
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, dict | None, dict]:
-    """(status, JSON or None, version-ish headers); status -1 when unreachable."""
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
-            heads = {k.lower(): v for k, v in r.headers.items() if k.lower() == "server" or "version" in k.lower()}
-            try:
-                body = json.loads(await r.read())
-            except ValueError:
-                body = None
-            return r.status, body if isinstance(body, (dict, list)) else None, heads
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        return -1, {"error": f"{type(e).__name__}: {e}"}, {}
+    """(status, JSON or None, version-ish headers); status -1 when unreachable. A connection that
+    fails before any response byte (a kept-alive one the server closed) is tried once more on a
+    fresh connection, as requests are (client.send)."""
+    for attempt in (1, 2):
+        try:
+            if attempt == 1:
+                return await _get_once(session, url)
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True), headers=session.headers
+            ) as fresh:
+                return await _get_once(fresh, url)
+        except asyncio.TimeoutError as e:  # before ClientError: aiohttp's timeouts are both
+            return -1, {"error": f"{type(e).__name__}: no answer within 10 s"}, {}
+        except aiohttp.ClientConnectionError as e:
+            err = e
+        except aiohttp.ClientError as e:
+            return -1, {"error": f"{type(e).__name__}: {e}"}, {}
+    return -1, {"error": f"{type(err).__name__}: {err}"}, {}
 
 
-async def probe(session: aiohttp.ClientSession, base: str, dialect: str) -> ProbeResult:
-    """Self-report always; the dialect decision only when `dialect` is "auto"."""
-    status, models, heads = await _get(session, base + "/v1/models")
+async def _get_once(session: aiohttp.ClientSession, url: str) -> tuple[int, dict | None, dict]:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+        heads = {k.lower(): v for k, v in r.headers.items() if k.lower() == "server" or "version" in k.lower()}
+        try:
+            body = json.loads(await r.read())
+        except ValueError:
+            body = None
+        return r.status, body if isinstance(body, (dict, list)) else None, heads
+
+
+def check_base_url(base: str) -> None:
+    """`--http` is the server's root: tracekit adds every route (`/v1/models`, `/completion`, ...)."""
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"--http {base}: give the server's root URL, e.g. http://127.0.0.1:8000")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        root = base[: base.rstrip("/").rfind("/v1")]
+        raise ConfigError(f"--http {base}: drop the trailing /v1 (tracekit adds the routes itself): --http {root}")
+
+
+async def wait_ready(session: aiohttp.ClientSession, base: str, wait_s: float) -> tuple[int, dict | None, dict]:
+    """GET /v1/models until the engine is ready: an answer other than 503 (an engine still loading
+    answers 503) and, with `wait_s` > 0, a listening socket. Gives up after `wait_s` seconds with
+    one line that says the engine is not ready (never the dialect advice a 503 used to get)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        status, models, heads = await _get(session, base + "/v1/models")
+        if status not in (-1, 503):
+            return status, models, heads
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(POLL_S)
     if status == -1:
-        raise CaptureError(f"{base}: server unreachable ({models['error']}); is it running and is the URL right?")
+        waited = f" after waiting {wait_s:g} s" if wait_s > 0 else ""
+        hint = "" if wait_s > 0 else "; if it is starting, pass --wait-ready SECONDS"
+        raise CaptureError(
+            f"{base}: server unreachable{waited} ({models['error']}); is it running and is the URL right{hint}?"
+        )
+    said = _error_text(models)
+    waited = f"still answers HTTP 503 after {wait_s:g} s" if wait_s > 0 else "answered HTTP 503"
+    hint = "wait for it or pass a longer --wait-ready SECONDS" if wait_s > 0 else "pass --wait-ready SECONDS to wait"
+    raise CaptureError(f"{base}: the engine is not ready ({waited} on /v1/models{said}); {hint}")
+
+
+def _error_text(body: dict | None) -> str:
+    err = body.get("error") if isinstance(body, dict) else None
+    msg = err.get("message") if isinstance(err, dict) else err
+    return f": {str(msg)[:120]}" if msg else ""
+
+
+async def probe(session: aiohttp.ClientSession, base: str, dialect: str, wait_ready_s: float = 0.0) -> ProbeResult:
+    """Self-report always; the dialect decision when `dialect` is "auto" (with an explicit
+    dialect the decision is still made, to warn when the two disagree). Sets the session's
+    keep-alive policy for the engine."""
+    check_base_url(base)
+    # A new connection for each probe: none of them is left in the pool for the first request
+    # to reuse on an engine that does not keep connections alive.
+    set_keep_alive(session, False)
+    status, models, heads = await wait_ready(session, base, wait_ready_s)
     if status in (401, 403):
         raise CaptureError(
             f"{base}/v1/models answered HTTP {status}: the server wants an API key; "
@@ -63,7 +151,7 @@ async def probe(session: aiohttp.ClientSession, base: str, dialect: str) -> Prob
     engine: dict = {"headers": heads, "v1_models_status": status}
     engine["health_status"] = (await _get(session, base + "/health"))[0]
     first = {}
-    if status == 200 and isinstance(models, dict) and models.get("data"):
+    if status == 200 and isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
         first = models["data"][0] if isinstance(models["data"][0], dict) else {}
         engine["v1_models"] = {
             k: first.get(k) for k in ("id", "owned_by", "root", "max_model_len", "meta") if k in first
@@ -82,9 +170,45 @@ async def probe(session: aiohttp.ClientSession, base: str, dialect: str) -> Prob
         # The reference engine: raw top-k logits on request, and its model dir holds the tokenizer.
         res.extra_body = {"return_raw_logits": True}
         res.tokenizer = str(meta.get("model_dir") or "")
-    if dialect != "auto":
-        return res
-    return await _decide(session, base, res, status, owned)
+    if dialect == "auto":
+        await _decide(session, base, res, status, owned)
+    else:
+        seen = ProbeResult("auto", "", {"headers": {}})
+        try:
+            await _decide(session, base, seen, status, owned)
+        except CaptureError:
+            seen.dialect = ""
+        if seen.dialect and seen.dialect != dialect and not _compatible(dialect, seen.dialect):
+            res.warnings.append(
+                f"--dialect {dialect}, but the server looks like {seen.dialect} ({seen.reason}); "
+                "if every request fails (HTTP 404), try --dialect auto"
+            )
+        res.engine.update({k: v for k, v in seen.engine.items() if k not in res.engine})
+    _keep_alive(session, res)
+    res.engine["warnings"] = res.warnings
+    for w in res.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return res
+
+
+def _compatible(given: str, seen: str) -> bool:
+    """Dialects that work on the server the probe saw (its OpenAI routes take the openai dialects)."""
+    return given in ("openai", "openai-chat") and seen in ("vllm", "sglang", "llamacpp", "openai")
+
+
+def _keep_alive(session: aiohttp.ClientSession, res: ProbeResult) -> None:
+    on, why = KEEP_ALIVE.get(_engine_of(res), _KEEP_ALIVE_DEFAULT)
+    set_keep_alive(session, on)
+    res.engine["keep_alive"] = {"on": on, "why": why}
+
+
+def _engine_of(res: ProbeResult) -> str:
+    """The engine behind the server, whatever dialect talks to it ("llamacpp" for llama-server
+    also when captured through its /v1 routes)."""
+    owned = str(res.engine.get("v1_models", {}).get("owned_by", "")).lower()
+    if owned == "llamacpp" or "props" in res.engine:
+        return "llamacpp"
+    return owned or res.dialect
 
 
 async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, status: int, owned: str):
@@ -117,7 +241,8 @@ async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, s
         return res
     if status != 200:
         raise CaptureError(
-            f"{base}: /v1/models answered HTTP {status} and no other probe matched; pass --dialect explicitly"
+            f"{base}: /v1/models answered HTTP {status} and no engine-specific route answered: "
+            "is this the server's root URL (no path after HOST:PORT)? If it is, pass --dialect explicitly"
         )
     res.dialect = "openai"
     res.reason = f"/v1/models answered (owned_by={owned!r}); no engine-specific route matched: plain OpenAI"

@@ -7,8 +7,18 @@ prompt text: a prompt "FAULT:<kind>" gets that fault (so faults hit the same
 request whatever the concurrency). Kinds: 500, cut (connection closed
 mid-event, chunked body unfinished), cleancut (body ends cleanly in the middle
 of an event), nodone (no end marker), badjson, badshape (valid JSON of an unknown
-shape), errorevent, stall, reset (TCP RST).
+shape), errorevent, stall (half the body, then nothing until the server stops, or
+for `stall_s` seconds), reset (TCP RST).
+
+Server-wide faults (constructor options): `drop_kept_alive` closes a kept-alive
+connection when the next request arrives on it, before any response byte (what a
+server that closes idle or used-up connections does to a client that reuses one
+at the same moment: the race of issue 13, made deterministic, so every reused
+connection loses its request); `not_ready` answers that many requests with 503
+"Loading model" first, as llama.cpp does while it loads.
+
 The server runs in its own thread and event loop, as a real separate server.
+Tests wait on what it saw (`wait_requests`), never on time.
 """
 
 from __future__ import annotations
@@ -78,10 +88,24 @@ def _prompt_text(body: dict) -> str:
 class ReplayServer:
     """routes: {(METHOD, path): Transcript | {"stream": T, "nonstream": T}}."""
 
-    def __init__(self, routes: dict, seed: int = 0, max_piece: int = 97, stall_s: float = 30.0):
+    def __init__(
+        self,
+        routes: dict,
+        seed: int = 0,
+        max_piece: int = 97,
+        stall_s: float | None = None,
+        drop_kept_alive: bool = False,
+        not_ready: int = 0,
+    ):
         self.routes, self.seed, self.max_piece, self.stall_s = routes, seed, max_piece, stall_s
+        self.drop_kept_alive, self.not_ready = drop_kept_alive, not_ready
         self.requests: list[dict] = []  # every POST body and its Authorization header
         self.armed = True  # False: FAULT: prompts are served normally
+        self.dropped = 0  # requests lost to drop_kept_alive
+        self.answered_503 = 0
+        self.connections: list[dict] = []  # per connection: {"requests": n, "close": the client's Connection header}
+        self._served: dict = {}  # transport -> its entry in connections (strong refs: ids never reused)
+        self._seen = threading.Condition()
         self._n = 0
 
     # -- lifecycle: a thread with its own loop -------------------------------
@@ -93,8 +117,17 @@ class ReplayServer:
         ready.wait(10)
         return self
 
+    def wait_requests(self, n: int, timeout: float = 60.0) -> list[dict]:
+        """Block until the server has received n POST requests (an event, not a guess at timing);
+        AssertionError after `timeout` seconds (a hang, not slowness)."""
+        with self._seen:
+            if not self._seen.wait_for(lambda: len(self.requests) >= n, timeout):
+                raise AssertionError(f"the server saw {len(self.requests)} requests, waited for {n}")
+            return list(self.requests)
+
     def _serve(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
+        self._release = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -106,6 +139,7 @@ class ReplayServer:
         self._loop.run_forever()
 
     def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._release.set)  # end stalls, so cleanup does not wait on them
         fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
         try:
             fut.result(10)
@@ -120,7 +154,29 @@ class ReplayServer:
             t = t["stream" if body.get("stream") else "nonstream"]
         return t
 
+    def _connection(self, request: web.Request) -> bool:
+        """Track the request's connection; True when drop_kept_alive closes it now (it served before)."""
+        tr = request.transport
+        conn = self._served.get(tr)
+        if conn is None:
+            conn = self._served[tr] = {"requests": 0, "close": []}
+            self.connections.append(conn)
+        conn["requests"] += 1
+        conn["close"].append(request.headers.get("Connection", ""))
+        if self.drop_kept_alive and conn["requests"] > 1:
+            self.dropped += 1
+            tr.close()  # FIN before any response byte: the client wrote to a connection being closed
+            return True
+        return False
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self._connection(request):
+            return web.Response(status=204)  # never reaches the client: its connection is closed
+        if self.answered_503 < self.not_ready:
+            self.answered_503 += 1
+            return web.json_response(
+                {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, status=503
+            )
         raw = await request.read()
         body = {}
         if request.method == "POST":
@@ -128,7 +184,9 @@ class ReplayServer:
                 body = json.loads(raw)
             except ValueError:
                 return web.json_response({"error": {"message": "bad json", "code": 500}}, status=500)
-            self.requests.append({"path": request.path, "body": body, "auth": request.headers.get("Authorization")})
+            with self._seen:
+                self.requests.append({"path": request.path, "body": body, "auth": request.headers.get("Authorization")})
+                self._seen.notify_all()
         t = self._pick(request, body)
         if t is None:
             return web.json_response({"error": {"message": f"no route {request.path}"}}, status=404)
@@ -153,7 +211,10 @@ class ReplayServer:
             await resp.write(piece)
             await asyncio.sleep(0)
         if fault == "stall":
-            await asyncio.sleep(self.stall_s)
+            if self.stall_s is None:
+                await self._release.wait()  # until the server stops
+            else:
+                await asyncio.sleep(self.stall_s)
         if fault == "cut":
             request.transport.close()  # FIN without the last chunk
             return resp

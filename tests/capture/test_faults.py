@@ -40,8 +40,8 @@ def _prompts():
 def test_faults_in_a_burst(capture_to, concurrency):
     """A 500 in the middle of a burst, cut streams, bad JSON, an error event, a stall past
     the timeout and a connection reset: each is a row with its status; the others are ok."""
-    with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
-        s, out = capture_to(srv.url, _prompts(), concurrency=concurrency, timeout_s=1.0)
+    with ReplayServer(routes_for("vllm")) as srv:  # the stall lasts until the server stops
+        s, out = capture_to(srv.url, _prompts(), concurrency=concurrency, timeout_s=5.0)
     assert s.counts == {"ok": 4, "error": 8, "timeout": 1, "cancelled": 0}
     with TraceReader(out) as r:
         rows = {r.requests.key[i]: r.record(i) for i in range(len(r))}
@@ -125,38 +125,49 @@ def test_api_key_goes_out_as_bearer_and_never_into_the_file(tmp_path):
     assert "failed: b (error): HTTP 500" in p.stderr and summary["failures"][0][:2] == ["b", "error"]
 
 
+def _capture_cmd(url: str, pf: str, out, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tracekit", "capture", "--http", url, "--prompts", pf, "--out", str(out)] + [
+        "--top-logprobs",
+        "5",
+        *extra,
+    ]
+
+
+def _wait_rows(out: Path, proc: subprocess.Popen, keys: set[str], timeout: float = 60.0) -> None:
+    """Until the running capture's trace holds an ok row for each key (its writer flushed them).
+    Polls the file (a live trace opens for reading while its writer runs); AssertionError after
+    `timeout` s or when the capture exits first: a hang or a crash, never a slow machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists():
+            try:
+                with TraceReader(out) as r:
+                    have = {r.requests.key[i] for i in range(len(r)) if r.requests.status[i] == "ok"}
+            except Exception:  # created but not yet readable: the writer is starting
+                have = set()
+            if keys <= have:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{out}: rows {sorted(keys)} not written (capture exit code {proc.poll()})")
+
+
 def test_interrupt_leaves_cancelled_rows(tmp_path):
-    """SIGINT during a stall: in-flight requests become `cancelled` rows, finished ones stay."""
+    """SIGINT while one request stalls: in-flight requests become `cancelled` rows, finished ones
+    stay. The stall lasts until the server stops, and SIGINT goes out only once the server holds
+    the stalled request and the trace holds the finished one: no step depends on timing."""
     pf = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "s", "prompt": "FAULT:stall"}])
     out = tmp_path / "c.h5"
-    with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
+    with ReplayServer(routes_for("vllm")) as srv:
         p = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tracekit",
-                "capture",
-                "--http",
-                srv.url,
-                "--prompts",
-                pf,
-                "--out",
-                str(out),
-                "--concurrency",
-                "2",
-                "--top-logprobs",
-                "5",
-            ],
+            _capture_cmd(srv.url, pf, out, "--concurrency", "2"),
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
             stderr=subprocess.PIPE,
             text=True,
         )
-        deadline = time.time() + 30
-        while len(srv.requests) < 2 and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
+        srv.wait_requests(2)
+        _wait_rows(out, p, {"a"})
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=30)
+        _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     with TraceReader(out) as r:
         st = {r.requests.key[i]: r.requests.status[i] for i in range(len(r))}
@@ -168,30 +179,12 @@ def test_sigkill_then_resume(tmp_path):
     prompts = [{"id": f"a{i}", "prompt": "x"} for i in range(3)] + [{"id": "s", "prompt": "FAULT:stall"}]
     pf = write_prompts(tmp_path / "p.jsonl", prompts)
     out = tmp_path / "k.h5"
-    cmd = [
-        sys.executable,
-        "-m",
-        "tracekit",
-        "capture",
-        "--http",
-        "",
-        "--prompts",
-        pf,
-        "--out",
-        str(out),
-        "--concurrency",
-        "4",
-        "--top-logprobs",
-        "5",
-    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with ReplayServer(routes_for("vllm"), stall_s=3.0) as srv:
-        cmd[5] = srv.url
+    with ReplayServer(routes_for("vllm")) as srv:
+        cmd = _capture_cmd(srv.url, pf, out, "--concurrency", "4")
         p = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while len(srv.requests) < 4 and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.7)  # the three quick requests complete and are flushed
+        srv.wait_requests(4)
+        _wait_rows(out, p, {"a0", "a1", "a2"})  # the three quick requests are flushed; "s" stalls
         p.kill()
         p.wait(10)
         with TraceReader(out) as r:
@@ -203,3 +196,109 @@ def test_sigkill_then_resume(tmp_path):
         assert [x["body"]["prompt"] for x in srv.requests] == ["FAULT:stall"]
     with TraceReader(out) as r:
         assert sorted(r.requests.key) == ["a0", "a1", "a2", "s"] and set(r.requests.status) == {"ok"}
+
+
+# ---- transport: no request lost to a kept-alive connection the server closed (issue 13) ----------
+
+
+def _rows(out: Path) -> dict:
+    with TraceReader(out) as r:
+        return {r.requests.key[i]: r.record(i) for i in range(len(r))}
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_no_request_lost_when_the_server_closes_kept_alive_connections(capture_to, monkeypatch, concurrency):
+    """The server closes every kept-alive connection when the next request arrives on it, before
+    any response byte. Without retries those requests are lost (first half); with them each is
+    sent again on a fresh connection, and its row says so (second half)."""
+    prompts = [{"id": f"p{i}", "prompt": "def parse_args(argv):\n    "} for i in range(12)]
+    with ReplayServer(routes_for("vllm"), drop_kept_alive=True) as srv:
+        monkeypatch.setattr("capture.client.ATTEMPTS", 1)
+        lost, out1 = capture_to(srv.url, prompts, name="no-retry.h5", concurrency=concurrency)
+        monkeypatch.undo()
+        dropped_before = srv.dropped
+        s, out = capture_to(srv.url, prompts, name="retry.h5", concurrency=concurrency)
+        dropped = srv.dropped - dropped_before
+    assert lost.counts["error"] > 0 and lost.counts["ok"] + lost.counts["error"] == 12
+    assert {r.error.split(":")[0] for r in _rows(out1).values() if r.status == "error"} == {"ServerDisconnectedError"}
+    assert s.counts == {"ok": 12, "error": 0, "timeout": 0, "cancelled": 0}
+    rows = _rows(out)
+    retried = [r for r in rows.values() if r.error]
+    assert retried and dropped >= len(retried)  # the probe's GETs were dropped too (and retried)
+    for r in retried:
+        assert r.error.startswith("2 attempts, the connection failed before any response byte; first: Server"), r.error
+        assert r.status == "ok" and r.http_status == 200 and r.output_len == 12
+
+
+def test_llamacpp_gets_a_new_connection_per_request(capture_to):
+    """llama.cpp's server is captured without keep-alive (probe.KEEP_ALIVE): each request asks for
+    `Connection: close`, so no request is ever written to a reused connection and none needs a retry,
+    even from a server that drops every reused one."""
+    prompts = [{"id": f"p{i}", "prompt": "def parse_args(argv):\n    "} for i in range(6)]
+    with ReplayServer(routes_for("llamacpp"), drop_kept_alive=True) as srv:
+        s, out = capture_to(srv.url, prompts, concurrency=2, dialect="auto")
+        conns = srv.connections
+    assert s.counts["ok"] == 6 and srv.dropped == 0
+    assert all(c["requests"] == 1 and c["close"] == ["close"] for c in conns), conns
+    assert not any(r.error for r in _rows(out).values())
+    with TraceReader(out) as r:
+        assert r.meta.run["engine"]["keep_alive"]["on"] is False
+
+
+def test_failure_after_the_response_began_is_not_retried(capture_to):
+    """A reset or a cut after the first bytes is the engine's answer: one attempt, an error row."""
+    prompts = [{"id": "r", "prompt": "FAULT:reset"}, {"id": "c", "prompt": "FAULT:cut"}]
+    with ReplayServer(routes_for("vllm")) as srv:
+        s, out = capture_to(srv.url, prompts, concurrency=2)
+        n = len(srv.requests)
+    assert n == 2 and s.counts["error"] == 2
+    assert not any("attempts" in r.error for r in _rows(out).values())
+
+
+# ---- probe: not ready, a URL with /v1, a wrong dialect (issue 13) ---------------------------------
+
+
+def _probe(url: str, wait_ready_s: float):
+    import asyncio
+
+    from capture.client import make_session
+    from capture.probe import probe
+
+    async def go():
+        async with make_session(1, 10.0) as session:
+            return await probe(session, url, "auto", wait_ready_s=wait_ready_s)
+
+    return asyncio.run(go())
+
+
+def test_engine_loading_is_waited_for(capture_to):
+    """An engine that answers 503 while it loads: --wait-ready waits for it; without it the
+    message says the engine is not ready (never 'pass --dialect')."""
+    from tracekit.errors import CaptureError
+
+    with ReplayServer(routes_for("llamacpp"), not_ready=100) as srv:
+        with pytest.raises(CaptureError, match="the engine is not ready .*HTTP 503.*Loading model.*--wait-ready"):
+            capture_to(srv.url, [{"id": "a", "prompt": "x"}])
+    with ReplayServer(routes_for("llamacpp"), not_ready=3) as srv:
+        pr = _probe(srv.url, wait_ready_s=60.0)
+        assert srv.answered_503 == 3 and pr.dialect == "llamacpp"
+
+
+def test_url_with_v1_says_drop_it(capture_to):
+    from tracekit.errors import ConfigError
+
+    with ReplayServer(routes_for("vllm")) as srv:
+        with pytest.raises(ConfigError, match=r"drop the trailing /v1 .*--http http://127\.0\.0\.1:\d+$"):
+            capture_to(srv.url + "/v1", [{"id": "a", "prompt": "x"}])
+        assert srv.requests == []
+
+
+def test_wrong_dialect_is_named(capture_to, capsys):
+    """--dialect llamacpp against a vLLM server: a warning at once, and every request is a 404 row."""
+    with ReplayServer(routes_for("vllm")) as srv:
+        s, out = capture_to(srv.url, [{"id": "a", "prompt": "x"}], dialect="llamacpp")
+    err = capsys.readouterr().err
+    assert "warning: --dialect llamacpp, but the server looks like vllm (/v1/models owned_by='vllm')" in err
+    assert s.counts["error"] == 1 and _rows(out)["a"].http_status == 404
+    with TraceReader(out) as r:
+        assert r.meta.run["engine"]["warnings"] and r.meta.run["dialect"] == "llamacpp"
