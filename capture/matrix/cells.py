@@ -22,7 +22,7 @@ from tracekit.store import TraceReader
 from ..capture_run import CaptureConfig, plan_requests, run_capture
 from ..prompts import load_prompts
 from . import engines
-from .lifecycle import completion_check, lifecycle_checks, metric, metrics_snapshot, prefix_cache_check
+from .lifecycle import completion_check, lifecycle_checks, metrics_snapshot, reuse_check
 from .spec import Matrix
 
 
@@ -100,16 +100,16 @@ def _probe(serial: Path, table, specs) -> tuple[int, dict | None]:
 
 def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str, planned: int) -> CellRecord:
     t0 = time.perf_counter()
-    hits0 = metric(_snapshot(eng.url), "prefix_cache_hits_total")
+    before = _snapshot(eng.url)
     table, err, _ = _capture(m, eng.url, cell, rd.path(rd.burst_rel(cell.id)), cell.concurrency, "burst")
-    hits1 = metric(_snapshot(eng.url), "prefix_cache_hits_total")
+    after = _snapshot(eng.url)
     specs = _specs(m, cell)
     k = m.settings.cancel_streams or min(cell.concurrency, len(specs))
     probe_i, baseline = _probe(rd.path(rd.serial_rel(cell.group_id)), base_table, specs)
     checks = [
         completion_check("completion_serial", base_table, planned, base_err),
         completion_check("completion_burst", table, planned, err),
-        prefix_cache_check(table, cell.prefix_cache, None if hits0 is None or hits1 is None else hits1 - hits0),
+        reuse_check(table, cell.prefix_cache, before, after),
     ]
     ready = m.target(cell.target).ready_path
     checks += lifecycle_checks(
@@ -139,10 +139,10 @@ def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str,
     return out
 
 
-def _snapshot(url: str):
+def _snapshot(url: str) -> dict[str, float] | None:
     import asyncio
 
-    return asyncio.run(metrics_snapshot(url)) or {}
+    return asyncio.run(metrics_snapshot(url))
 
 
 def _failed_cells(cells: list[Cell], rd: RunDir, why: str) -> list[CellRecord]:

@@ -5,14 +5,16 @@
   already sent, so reuse is expected: cached_tokens > 0 (or the engine's hit
   counter moved). With it off, no reuse may be reported.
 - cancel_drain: K streams disconnected after a few tokens; the engine's
-  /metrics must show no running or waiting request within a timeout.
+  /metrics (its family's gauges, metrics.py) must show no running or waiting
+  request within a timeout; skipped, with the reason, without such gauges.
 - cancel_then_match: a probe request sent after the drain must return the
   token ids of (a) the same request sent just before the disconnects and
   (b) its serial-baseline row, each compared only at the same warm-cache
   state (equal cached_tokens; (b) is skipped, and says so, when the baseline
   reused a different prefix). The probe is a baseline key that already reused
   a prefix in the baseline where there is one, so (b) usually applies.
-- bad_request: an invalid body (max_tokens -1) gets HTTP 400, then /health is
+- bad_request: the dialect's invalid body (`bad_body`: a wrong-typed token
+  limit) is rejected with HTTP 400 or 422 (TGI), then the ready path answers
   200 and a small request still completes.
 
 A failing check is a result: it is returned with its evidence, never retried.
@@ -23,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import time
 
 import aiohttp
@@ -38,24 +39,7 @@ from ..client import Clock, make_session, send
 from ..dialects import RequestSpec
 from ..probe import probe
 from ..sse import SSEDecoder
-
-_METRIC = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$", re.M)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name: value}, labelled series summed per name."""
-    out: dict[str, float] = {}
-    for name, _, value in _METRIC.findall(text):
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
-
-
-def metric(m: dict[str, float], suffix: str) -> float | None:
-    """The value of the first metric whose name ends with `suffix` (tracekit:, vllm:, sglang: ...)."""
-    return next((v for k, v in m.items() if k.endswith(suffix)), None)
+from .metrics import delta, family_of, parse_metrics, unknown_family, value
 
 
 def completion_check(name: str, table: RequestTable | None, planned: int, error: str = "") -> Check:
@@ -68,7 +52,11 @@ def completion_check(name: str, table: RequestTable | None, planned: int, error:
     return Check(name, status, f"{ok}/{planned} completed", {"counts": counts, "planned": planned, "errors": errors})
 
 
-def prefix_cache_check(table: RequestTable | None, cache_on: bool, hits_delta: float | None) -> Check:
+def prefix_cache_check(
+    table: RequestTable | None, cache_on: bool, reuse_delta: float | None, counter: str | None, why_none: str = ""
+) -> Check:
+    """Reuse seen in the burst: per-request cached_tokens, else the engine's reuse counter
+    (`counter`, its delta over the burst). Skip, with the reason, when the engine reports neither."""
     if table is None or not len(table):
         return Check("prefix_cache", "skip", "no burst rows to inspect")
     ct = table.cached_tokens[table.status == "ok"]
@@ -78,26 +66,36 @@ def prefix_cache_check(table: RequestTable | None, cache_on: bool, hits_delta: f
         "reported": int(len(known)),
         "reused": int(np.sum(known > 0)),
         "mean_cached_tokens": float(known.mean()) if len(known) else None,
-        "metrics_hits_delta": hits_delta,
+        "counter": counter,
+        "counter_delta": reuse_delta,
     }
-    if not len(known) and hits_delta is None:
-        return Check("prefix_cache", "skip", "engine reports neither cached_tokens nor a hit counter", ev)
+    if not len(known) and reuse_delta is None:
+        why = why_none or f"the engine's metrics have no prefix-reuse counter ({counter or 'none known'})"
+        return Check("prefix_cache", "skip", f"no per-request cached_tokens and {why}", ev)
     reused = int(np.sum(known > 0)) if len(known) else 0
-    hit = reused > 0 or (hits_delta or 0) > 0
+    hit = reused > 0 or (reuse_delta or 0) > 0
+    moved = f"{counter} +{reuse_delta:g}" if reuse_delta is not None else "no reuse counter"
     if cache_on:
         return Check(
             "prefix_cache",
             "pass" if hit else "fail",
-            f"{reused}/{len(ct)} burst requests reused a prefix (expected > 0); "
-            f"hit counter +{hits_delta if hits_delta is not None else '?'}",
+            f"{reused}/{len(ct)} burst requests reused a prefix (expected > 0); {moved}",
             ev,
         )
     return Check(
         "prefix_cache",
         "fail" if hit else "pass",
-        f"cache off: {reused}/{len(ct)} requests reported reuse (expected 0)",
+        f"cache off: {reused}/{len(ct)} requests reported reuse, {moved} (expected 0)",
         ev,
     )
+
+
+def reuse_check(table: RequestTable | None, cache_on: bool, before: dict | None, after: dict | None) -> Check:
+    """prefix_cache with the reuse counter of the engine's family, read before and after the burst."""
+    fam = family_of(after)
+    counter = fam.reuse if fam else None
+    why = "" if fam else unknown_family(after)
+    return prefix_cache_check(table, cache_on, delta(before, after, counter), counter, why)
 
 
 async def _metrics(session: aiohttp.ClientSession, base: str) -> dict[str, float] | None:
@@ -135,37 +133,44 @@ async def _stream_then_disconnect(session, base: str, dialect, spec: RequestSpec
 
 
 async def _drain(session, base: str, timeout_s: float, before: dict | None) -> Check:
+    """Wait until the engine's running and waiting gauges (its family's exact names) reach 0."""
     t0 = time.perf_counter()
     m = await _metrics(session, base)
-    if m is None or metric(m, "num_requests_running") is None:
-        return Check("cancel_drain", "skip", "engine exposes no /metrics with num_requests_running")
+    fam = family_of(m)
+    if fam is None:
+        return Check("cancel_drain", "skip", f"no running-requests gauge to watch: {unknown_family(m)}")
+    if value(m, fam.running) is None:
+        return Check("cancel_drain", "skip", f"{fam.name} /metrics lacks {fam.running or 'a running-requests gauge'}")
     while True:
-        running, waiting = metric(m, "num_requests_running"), metric(m, "num_requests_waiting") or 0.0
+        # A family without a waiting gauge is judged on running alone (said in the summary).
+        running, waiting = value(m, fam.running), value(m, fam.waiting)
+        idle = running == 0 and not waiting
         waited = time.perf_counter() - t0
-        if (running == 0 and waiting == 0) or waited > timeout_s:
+        if idle or waited > timeout_s:
             break
         await asyncio.sleep(0.05)
         m = await _metrics(session, base) or m
-    cancelled = metric(m, "requests_cancelled_total")
-    delta = (
-        None if cancelled is None or before is None else cancelled - (metric(before, "requests_cancelled_total") or 0)
-    )
+    cancelled = delta(before, m, fam.cancelled)
     ev = {
+        "family": fam.name,
+        "gauges": [fam.running, fam.waiting],
         "seconds_to_idle": round(waited, 3),
         "running": running,
         "waiting": waiting,
         "timeout_s": timeout_s,
-        "cancelled_counter_delta": delta,
-        "slots_busy": metric(m, "slots_busy"),
+        "cancelled_counter_delta": cancelled,
+        "slots_busy": value(m, fam.slots_busy),
     }
-    if running == 0 and waiting == 0:
+    gauges = f"{fam.running} 0" + (f", {fam.waiting} 0" if waiting is not None else "; no waiting gauge")
+    if idle:
         return Check(
             "cancel_drain",
             "pass",
-            f"idle {waited:.2f} s after the disconnects (cancelled counter +{delta if delta is not None else '?'})",
+            f"idle {waited:.2f} s after the disconnects ({fam.name}: {gauges}; cancelled counter "
+            f"+{cancelled if cancelled is not None else '? (not exported)'})",
             ev,
         )
-    return Check("cancel_drain", "fail", f"still {running:g} running / {waiting:g} waiting after {timeout_s:g} s", ev)
+    return Check("cancel_drain", "fail", f"still {running:g} running / {waiting} waiting after {timeout_s:g} s", ev)
 
 
 def _outcome_view(o, acc) -> dict:
@@ -220,9 +225,13 @@ def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: l
     )
 
 
+REJECTED = (400, 422)  # a validation error: 400 (OpenAI servers, SGLang, llama.cpp), 422 (TGI)
+
+
 async def _bad_request(session, base: str, dialect, spec: RequestSpec, ready_path: str, clock) -> Check:
-    body = dialect.body(dataclasses.replace(spec, stream=False))
-    body["max_tokens"] = -1
+    """The dialect's invalid body (a wrong-typed token limit) must be rejected (400 or 422),
+    then the ready path must answer 200 and a 2-token request complete."""
+    body = dialect.bad_body(dataclasses.replace(spec, stream=False))
     async with session.post(
         base + dialect.route(False), data=json.dumps(body), headers={"Content-Type": "application/json"}
     ) as r:
@@ -230,12 +239,20 @@ async def _bad_request(session, base: str, dialect, spec: RequestSpec, ready_pat
     async with session.get(base + ready_path) as r:
         health = r.status
     o, acc = await send(session, base, dialect, dataclasses.replace(spec, max_tokens=2, key="after-bad"), clock)
-    ev = {"http_status": status, "body": text, "health_after": health, "request_after": o.record.status}
-    ok = status == 400 and health == 200 and o.record.status == "ok"
+    ev = {
+        "dialect": dialect.name,
+        "http_status": status,
+        "expected": dialect.bad_status,
+        "body": text,
+        "health_after": health,
+        "request_after": o.record.status,
+    }
+    ok = status in REJECTED and health == 200 and o.record.status == "ok"
     return Check(
         "bad_request",
         "pass" if ok else "fail",
-        f"max_tokens=-1 -> HTTP {status} (want 400); health {health}; next request {o.record.status}",
+        f"{dialect.name} body with a wrong-typed token limit -> HTTP {status} (want 400 or 422); "
+        f"health {health}; next request {o.record.status}",
         ev,
     )
 

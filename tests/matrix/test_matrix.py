@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from capture.matrix import load_matrix
-from capture.matrix.lifecycle import metric, parse_metrics
 from tracekit.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,15 +92,3 @@ def test_cli_bad_matrix_is_one_error_line(tmp_path):
     assert p.returncode == 3 and p.stdout == ""
     assert p.stderr.startswith("Error: ") and "not valid TOML" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "o" / "cells").exists()
-
-
-def test_parse_metrics_sums_labelled_series():
-    text = (
-        "# HELP x\ntracekit:num_requests_running 2\nvllm:num_requests_waiting 1.0\n"
-        'tracekit:requests_finished_total{finished_reason="stop"} 3\n'
-        'tracekit:requests_finished_total{finished_reason="length"} 4\n'
-    )
-    m = parse_metrics(text)
-    assert m["tracekit:requests_finished_total"] == 7
-    assert metric(m, "num_requests_running") == 2 and metric(m, "num_requests_waiting") == 1
-    assert metric(m, "slots_busy") is None

@@ -1,0 +1,92 @@
+"""Engines' Prometheus `/metrics`, read by exact name per engine family.
+
+Each engine names its gauges and counters its own way; a suffix match is wrong
+(`prefix_cache_hits_total` also matches vLLM's `external_prefix_cache_hits_total`,
+a connector's hits, not the engine's). So the family is recognised by the exact
+names it exports, and each check reads that family's names, or is skipped with
+the reason when the family has no such metric.
+
+`FAMILIES` below is the table: per family its running and waiting gauges, its
+prefix-reuse counter and (tracekit only) its cancelled-requests counter.
+Reuse counters count tokens (vLLM's and tracekit's hits, SGLang's and llama.cpp's
+cached prompt tokens); TGI exports none. llama.cpp serves /metrics only with `--metrics`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_METRIC = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    running: str | None  # gauge: requests being generated
+    waiting: str | None  # gauge: requests queued
+    reuse: str | None  # counter: prompt tokens served from the prefix cache
+    cancelled: str | None = None  # counter: requests cancelled by a client disconnect
+    slots_busy: str | None = None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.running, self.waiting, self.reuse, self.cancelled, self.slots_busy) if n)
+
+
+FAMILIES = (
+    Family(
+        "tracekit",
+        "tracekit:num_requests_running",
+        "tracekit:num_requests_waiting",
+        "tracekit:prefix_cache_hits_total",
+        "tracekit:requests_cancelled_total",
+        "tracekit:slots_busy",
+    ),
+    Family("vllm", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prefix_cache_hits_total"),
+    Family("sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:cached_tokens_total"),
+    Family("tgi", "tgi_batch_current_size", "tgi_queue_size", None),
+    Family(
+        "llamacpp", "llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:prompt_tokens_cached_total"
+    ),
+)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {name: value}, labelled series summed per name."""
+    out: dict[str, float] = {}
+    for name, _, value in _METRIC.findall(text):
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def family_of(m: dict[str, float] | None) -> Family | None:
+    """The engine family whose exact names the metrics hold (the most of them), else None."""
+    if not m:
+        return None
+    best = max(FAMILIES, key=lambda f: sum(n in m for n in f.names()))
+    return best if any(n in m for n in best.names()) else None
+
+
+def value(m: dict[str, float] | None, name: str | None) -> float | None:
+    """The metric called exactly `name`, or None when the engine does not export it."""
+    return None if m is None or name is None else m.get(name)
+
+
+def delta(before: dict[str, float] | None, after: dict[str, float] | None, name: str | None) -> float | None:
+    """after - before of a counter; None when either side lacks it."""
+    a, b = value(before, name), value(after, name)
+    return None if a is None or b is None else b - a
+
+
+def unknown_family(m: dict[str, float] | None) -> str:
+    """Why no family matched: no /metrics, or the names it does export (a few)."""
+    if m is None:
+        return "the engine serves no /metrics"
+    names = sorted(m)
+    return (
+        f"/metrics holds no name of a known engine family ({', '.join(f.name for f in FAMILIES)}); "
+        f"it exports {', '.join(names[:5]) or 'nothing'}{' ...' if len(names) > 5 else ''}"
+    )
