@@ -12,6 +12,9 @@ Stable API (other packages import it):
         Any other engine command line (vLLM, llama.cpp, ...) whose URL you
         already know: starts it and polls url + ready_path until 200.
 
+    wait_http_200(url, deadline, alive=lambda: True) -> bool
+        The one readiness loop: GET url until 200; also for servers started elsewhere.
+
     EngineProcess: .url ("http://127.0.0.1:PORT", no trailing slash), .port,
         .pid, .log_path (stdout+stderr of the engine), .command, .stop(timeout_s=10)
         (SIGTERM, then SIGKILL; returns the exit code), .terminate() (SIGTERM, no wait),
@@ -48,6 +51,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def wait_http_200(url: str, deadline: float, alive=lambda: True) -> bool:
+    """GET url every 0.1 s until it answers 200 (True), or alive() is False or time.monotonic()
+    passes deadline (False). The one readiness loop (engines started here, and running servers)."""
+    while time.monotonic() < deadline and alive():
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    return False
 
 
 LISTEN_RE = re.compile(r"tracekit serve: listening on (http://[\w.\-\[\]:]+?):(\d+)\s*$")
@@ -126,16 +143,10 @@ class EngineProcess:
         self._fail("did not print its listening address in time")
 
     def _wait_ready(self, ready_path: str, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if not self.alive():
-                self._fail(f"exited with code {self.proc.returncode} before becoming ready")
-            try:
-                with urllib.request.urlopen(self.url + ready_path, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
+        if wait_http_200(self.url + ready_path, deadline, self.alive):
+            return
+        if not self.alive():
+            self._fail(f"exited with code {self.proc.returncode} before becoming ready")
         self._fail(f"{self.url}{ready_path} did not answer 200 in time")
 
     def terminate(self) -> None:
