@@ -31,16 +31,22 @@ async def _stream_then_drop(url: str, n_tokens: int) -> list[int]:
 
 
 def test_disconnect_frees_slot_and_next_request_matches(engine):
-    """A streaming client that disconnects after 3 tokens must free its slot within a second,
-    and the next request must match its baseline (no state leaks from the cancelled one)."""
+    """A streaming client that disconnects after 3 tokens must get its slot freed (the request
+    asked for 400 tokens: a leaked slot would stay busy for them all), and the next request must
+    match its baseline (no state leaks from the cancelled one)."""
     baseline = run_serial(engine.url, [greedy(PROMPT, 24)])[0]["choices"][0]["token_ids"]
     cancelled0 = metric(engine.url, "tracekit:requests_cancelled_total")
+    gen0 = metric(engine.url, "tracekit:generation_tokens_total")
     got = asyncio.run(_stream_then_drop(engine.url, 3))
     assert got == baseline[:3]
-    t0 = time.monotonic()
-    while metric(engine.url, "tracekit:slots_busy") > 0:
-        assert time.monotonic() - t0 < 1.0, "slot still busy 1 s after the client disconnected"
+    # Wait on the event itself (the cancel counter moves when the loop frees the slot); the
+    # deadline only bounds a hang, it is not a timing assumption.
+    deadline = time.monotonic() + 120
+    while metric(engine.url, "tracekit:requests_cancelled_total") < cancelled0 + 1:
+        assert time.monotonic() < deadline, "the disconnected request was never cancelled"
         time.sleep(0.02)
+    assert metric(engine.url, "tracekit:slots_busy") == 0
+    assert metric(engine.url, "tracekit:generation_tokens_total") - gen0 < 400
     assert metric(engine.url, "tracekit:num_requests_running") == 0
     assert metric(engine.url, "tracekit:requests_cancelled_total") == cancelled0 + 1
     after = run_serial(engine.url, [greedy(PROMPT, 24)])[0]["choices"][0]["token_ids"]
@@ -58,8 +64,14 @@ BAD = {
     "malformed_json": b'{"prompt": "import os", "max_tokens": 4',
     "not_an_object": b"[1, 2, 3]",
     "empty_prompt": json.dumps({**OK_BODY, "prompt": ""}).encode(),
+    "max_tokens_huge": json.dumps({**OK_BODY, "max_tokens": 10**30}).encode(),
+    "seed_2_64": json.dumps({**OK_BODY, "temperature": 1.0, "seed": 2**64}).encode(),
+    "lone_surrogate_prompt": b'{"prompt": "abc\\ud800", "max_tokens": 4}',
+    "lone_surrogate_stop": b'{"prompt": "import os", "max_tokens": 4, "stop": ["\\udfff"]}',
+    "nested_50000_deep": b'{"prompt": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
     "body_over_limit": json.dumps({**OK_BODY, "prompt": "x" * (2 << 20)}).encode(),
 }
+STATUS = {"body_over_limit": 413}
 
 
 async def _post_raw(url: str, data: bytes) -> tuple[int, dict]:
@@ -70,9 +82,10 @@ async def _post_raw(url: str, data: bytes) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_gets_400_and_engine_stays_healthy(engine, case):
-    """Each bad input gets 400 with an OpenAI-style error object, and a normal request still works."""
+    """Each bad input gets 400 (413 for a body over the limit) with an OpenAI-style error object,
+    never a 500, and a normal request still works."""
     status, body = asyncio.run(_post_raw(engine.url, BAD[case]))
-    assert status == 400, body
+    assert status == STATUS.get(case, 400), body
     err = body["error"]
     assert err["type"] == "invalid_request_error"
     assert isinstance(err["message"], str) and err["message"]

@@ -83,3 +83,11 @@ def test_seeded_sampling_is_reproducible(engine):
     a, b, c = run_serial(engine.url, [{**body, "seed": 7}, {**body, "seed": 7}, {**body, "seed": 8}])
     ids = [r["choices"][0]["token_ids"] for r in (a, b, c)]
     assert ids[0] == ids[1] != ids[2]
+
+
+def test_tiny_temperature_is_greedy(engine):
+    """temperature 1e-45 passes validation (it is in [0, 2]) but logits / 1e-45 overflow: below
+    1e-5 the engine samples greedily (vLLM's convention) instead of failing the request."""
+    body = {"prompt": PROMPT, "max_tokens": 8, "return_token_ids": True, "ignore_eos": True}
+    tiny, greedy_ = run_serial(engine.url, [{**body, "temperature": 1e-45, "seed": 3}, {**body, "temperature": 0}])
+    assert tiny["choices"][0]["token_ids"] == greedy_["choices"][0]["token_ids"]

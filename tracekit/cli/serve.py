@@ -56,10 +56,23 @@ def _fault(ctx, param, value):
     show_default=True,
     help="Prompt tokens per prefill forward, decode steps run in between (0 = whole prompt).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind; anything but loopback prints a warning (use --api-key-env there).",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 = any free port.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--threads", type=click.IntRange(0), default=0, help="torch CPU threads (0 = torch default).")
+@click.option(
+    "--read-timeout",
+    "read_timeout_s",
+    type=click.FloatRange(0.1, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds a client gets to send its first request's headers, and each request body.",
+)
 @click.option("--api-key-env", default=None, metavar="VAR", help="Require `Authorization: Bearer $VAR`.")
 @click.option("--served-model-name", default=None, help="Name in /v1/models (default: the directory name).")
 @click.option(
@@ -85,6 +98,7 @@ def cmd(
     port,
     device,
     threads,
+    read_timeout_s,
     api_key_env,
     served_model_name,
     inject_fault,
@@ -125,5 +139,6 @@ def cmd(
         served_name=served_model_name,
         threads=threads,
         prefill_chunk=prefill_chunk,
+        read_timeout_s=read_timeout_s,
     )
     asyncio.run(serve(cfg))

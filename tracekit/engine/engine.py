@@ -1,6 +1,7 @@
 """The owner loop: one thread holds the model, N slots, a waiting queue and the prefix cache.
 
-Each iteration: take new submissions and cancellations, free the slots of
+Each iteration: take new submissions, cancellations and control calls
+(`call`, e.g. emptying the prefix cache, run between steps), free the slots of
 cancelled requests, admit waiting requests into free slots (reusing the
 longest cached block-aligned prefix), advance every prefilling request by one
 prefill forward (the whole rest of its prompt, or one chunk of
@@ -12,11 +13,16 @@ thread and must be thread-safe; with `post` set (the HTTP server passes its
 event loop's `call_soon_threadsafe`), one step's events for all rows travel in
 ONE posted call and `emit` runs on the poster's side. The loop knows nothing
 about text or HTTP.
+
+A failure is confined to the request that caused it: admission, prefill and
+token selection run per request, and a failed batched decode is retried row by
+row, so only the rows that fail alone get an error event; the others go on.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -45,6 +51,14 @@ class TokenEvent:
 @dataclass(frozen=True)
 class ErrorEvent:
     message: str
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A function to run on the owner thread between steps; its result goes to `future`."""
+
+    fn: Callable[[], object]
+    future: concurrent.futures.Future
 
 
 @dataclass(eq=False)
@@ -101,6 +115,9 @@ class Engine:
         self.active: list[GenRequest] = []
         self.free_slots = list(range(executor.slots))[::-1]
         self.counters = Counters()
+        # Requests put in the inbox / taken out of it: each written by one thread only, so
+        # their difference is the inbox's request count (qsize also counts wake-ups).
+        self._submitted = self._drained = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tracekit-engine", daemon=True)
 
@@ -113,7 +130,15 @@ class Engine:
         self._thread.join(timeout=10)
 
     def submit(self, req: GenRequest) -> None:
+        self._submitted += 1
         self.inbox.put(req)
+
+    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
+        """Run fn() on the owner thread between two steps (the model and the prefix cache are
+        only touched there); the returned future holds its result or exception."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.inbox.put(_Call(fn, fut))
+        return fut
 
     def cancel(self, req: GenRequest, reason: str = "cancelled") -> None:
         """Release the request's slot at the next loop iteration (within one decode step)."""
@@ -124,7 +149,7 @@ class Engine:
     def snapshot(self) -> dict:
         return {
             "running": len(self.active),
-            "waiting": len(self.waiting) + self.inbox.qsize(),
+            "waiting": len(self.waiting) + max(0, self._submitted - self._drained),
             "slots_busy": self.executor.slots - len(self.free_slots),
             "slots": self.executor.slots,
         }
@@ -142,12 +167,10 @@ class Engine:
                 self._admit()
                 self._prefill_step()
                 self._decode_step()
-            except Exception as e:  # a failed forward must not kill the server: fail the rows, go on
-                log.exception("engine step failed")
+            except Exception as e:  # failures are caught per request below; this is the last resort
+                log.exception("engine step failed outside any one request")
                 for r in list(self.active):
-                    self._release(r)
-                    self.counters.errors += 1
-                    self._deliver([(r, ErrorEvent(f"engine error: {type(e).__name__}: {e}"))])
+                    self._fail(r, e, logged=True)
             self.counters.busy_s += time.perf_counter() - t0
 
     def run_until_idle(self) -> None:
@@ -165,11 +188,31 @@ class Engine:
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
-                if item is not None:
+                if isinstance(item, _Call):
+                    self._run_call(item)
+                elif item is not None:
+                    self._drained += 1
                     self.waiting.append(item)
                 item = self.inbox.get_nowait()
         except queue.Empty:
             pass
+
+    @staticmethod
+    def _run_call(c: _Call) -> None:
+        try:
+            c.future.set_result(c.fn())
+        except Exception as e:  # handed to the caller, who reports it
+            c.future.set_exception(e)
+
+    def _fail(self, r: GenRequest, e: Exception, logged: bool = False) -> None:
+        """End one request with an error event; the others are not touched."""
+        if not logged:
+            log.exception("request failed inside the engine (only this request is ended)")
+        if r in self.waiting:
+            self.waiting.remove(r)
+        self._release(r)
+        self.counters.errors += 1
+        self._deliver([(r, ErrorEvent(f"engine error: {type(e).__name__}: {e}"))])
 
     def _reap(self) -> None:
         """Drop cancelled requests: waiting ones from the queue, active ones from their slots."""
@@ -194,44 +237,74 @@ class Engine:
 
     def _admit(self) -> None:
         """Give waiting requests free slots and their cached prefix KV; computing starts next."""
-        run = self.executor
         while self.free_slots and self.waiting:
             r = self.waiting.popleft()
             r.slot = self.free_slots.pop()
             self.active.append(r)
-            start = 0
-            if self.cache is not None:
-                start, blocks = self.cache.lookup(r.prompt_ids)
-                for i, blk in enumerate(blocks):
-                    run.load_kv(r.slot, i * self.cache.block_size, blk.keys, blk.values)
-            r.cached_tokens, r.length, r.prefilling = start, start, True
-            self.counters.prompt_tokens += len(r.prompt_ids)
-            if r.seed is not None and r.temperature > 0:
-                import torch
+            try:
+                self._load_prefix(r)
+            except Exception as e:  # e.g. a seed torch cannot take: this request only
+                self._fail(r, e)
 
-                r.generator = torch.Generator().manual_seed(r.seed)
+    def _load_prefix(self, r: GenRequest) -> None:
+        start = 0
+        if self.cache is not None:
+            start, blocks = self.cache.lookup(r.prompt_ids)
+            for i, blk in enumerate(blocks):
+                self.executor.load_kv(r.slot, i * self.cache.block_size, blk.keys, blk.values)
+        r.cached_tokens, r.length, r.prefilling = start, start, True
+        self.counters.prompt_tokens += len(r.prompt_ids)
+        if r.seed is not None and r.temperature > 0:
+            import torch
+
+            r.generator = torch.Generator().manual_seed(r.seed)
 
     def _prefill_step(self) -> None:
         """One prefill forward per prefilling request; the last one yields its first token."""
-        run = self.executor
         for r in [r for r in self.active if r.prefilling]:
-            n = len(r.prompt_ids)
-            end = n if self.prefill_chunk <= 0 else min(n, r.length + self.prefill_chunk)
-            logits = run.prefill(r.slot, r.prompt_ids[:end], r.length)
-            r.length = end
-            self.counters.prefills += 1
-            if end < n:
-                continue
-            r.prefilling = False
-            if self.cache is not None:
-                self.cache.insert(r.prompt_ids, n, lambda a, b, s=r.slot: run.kv_slice(s, a, b))
-            self._emit_step([r], logits)
+            try:
+                self._prefill_one(r)
+            except Exception as e:
+                self._fail(r, e)
+
+    def _prefill_one(self, r: GenRequest) -> None:
+        run = self.executor
+        n = len(r.prompt_ids)
+        end = n if self.prefill_chunk <= 0 else min(n, r.length + self.prefill_chunk)
+        logits = run.prefill(r.slot, r.prompt_ids[:end], r.length)
+        r.length = end
+        self.counters.prefills += 1
+        if end < n:
+            return
+        r.prefilling = False
+        if self.cache is not None:
+            self.cache.insert(r.prompt_ids, n, lambda a, b, s=r.slot: run.kv_slice(s, a, b))
+        self._emit_step([r], logits)
 
     def _decode_step(self) -> None:
         rows = [r for r in self.active if not r.prefilling]
         if not rows:
             return
-        logits = self.executor.decode([r.slot for r in rows], [r.length for r in rows], [r.next_id for r in rows])
+        run = self.executor
+        try:
+            logits = run.decode([r.slot for r in rows], [r.length for r in rows], [r.next_id for r in rows])
+        except Exception:
+            # One bad row must not end its batch mates: run each row alone, fail only those
+            # that fail alone (numerics of this one step are then those of a batch of one).
+            log.exception("batched decode failed; retrying its %d rows one by one", len(rows))
+            run.drop_batch()
+            for r in rows:
+                try:
+                    logits = run.decode([r.slot], [r.length], [r.next_id])
+                except Exception as e:
+                    run.drop_batch()
+                    self._fail(r, e)
+                    continue
+                self._decoded([r], logits)
+            return
+        self._decoded(rows, logits)
+
+    def _decoded(self, rows: list[GenRequest], logits) -> None:
         for r in rows:
             r.length += 1
         self.counters.decode_steps += 1
@@ -245,33 +318,35 @@ class Engine:
         out = select(logits, k, [r.temperature for r in rows], [r.generator for r in rows])
         events = []
         for i, r in enumerate(rows):
-            tok = int(out.chosen[i])
-            r.next_id, r.generated = tok, r.generated + 1
-            self.counters.generation_tokens += 1
-            reason = None
-            if tok in self.executor.eos_ids and not r.ignore_eos:
-                reason = "stop"
-            elif r.generated >= r.max_tokens or r.length >= self.executor.max_context:  # no room to feed it
-                reason = "length"
-            if reason:
-                self._release(r)
-                self.counters.finished[reason] += 1
-            n = r.logprobs
-            events.append(
-                (
-                    r,
-                    TokenEvent(
-                        tok,
-                        float(out.chosen_logprob[i]),
-                        float(out.chosen_logit[i]),
-                        out.top_ids[i, :n].tolist(),
-                        out.top_logprobs[i, :n].tolist(),
-                        out.top_logits[i, :n].tolist(),
-                        reason,
-                    ),
-                )
-            )
+            if out.errors[i] is not None:  # this row's sampling failed; the others stand
+                self._fail(r, out.errors[i], logged=True)
+                continue
+            events.append((r, self._token_event(r, out, i)))
         self._deliver(events)
+
+    def _token_event(self, r: GenRequest, out, i: int) -> TokenEvent:
+        """Advance r by its chosen token; end it on EOS or length."""
+        tok = int(out.chosen[i])
+        r.next_id, r.generated = tok, r.generated + 1
+        self.counters.generation_tokens += 1
+        reason = None
+        if tok in self.executor.eos_ids and not r.ignore_eos:
+            reason = "stop"
+        elif r.generated >= r.max_tokens or r.length >= self.executor.max_context:  # no room to feed it
+            reason = "length"
+        if reason:
+            self._release(r)
+            self.counters.finished[reason] += 1
+        n = r.logprobs
+        return TokenEvent(
+            tok,
+            float(out.chosen_logprob[i]),
+            float(out.chosen_logit[i]),
+            out.top_ids[i, :n].tolist(),
+            out.top_logprobs[i, :n].tolist(),
+            out.top_logits[i, :n].tolist(),
+            reason,
+        )
 
     def _deliver(self, events: list) -> None:
         if self.post is None:

@@ -22,6 +22,8 @@ import torch
 from .. import dtypes, hfcompat, modelinfo
 from ..errors import ConfigError, EngineError
 
+SAMPLING_EPS = 1e-5
+
 
 @dataclass(frozen=True)
 class StepOutput:
@@ -37,6 +39,7 @@ class StepOutput:
     top_ids: torch.Tensor  # [B, k] int64, by logit descending
     top_logprobs: torch.Tensor  # [B, k] float32
     top_logits: torch.Tensor  # [B, k] float32
+    errors: tuple = ()  # [B] None, or the exception that row's sampling raised (its chosen is the argmax)
 
 
 def default_model_dir() -> Path:
@@ -190,6 +193,11 @@ class ModelExecutor:
         mask[:, :lmax] = (src >= 0).long()
         return _Batch(tuple(slots), list(lengths), kv, mask, lmax, cap)
 
+    def drop_batch(self) -> None:
+        """Forget the running decode batch (after a failed step its buffer may be half-written);
+        the next step rebuilds it from the slots' own KV."""
+        self._batch = None
+
     def _forget_batch(self, slot: int) -> None:
         """A slot refilled for a new request invalidates the running batch that holds it."""
         if self._batch is not None and slot in self._batch.slots:
@@ -269,10 +277,16 @@ def select(logits: torch.Tensor, k: int, temperature: list[float], gens: list) -
     raw = logits.float()
     lp = torch.log_softmax(raw, dim=-1)
     chosen = torch.argmax(raw, dim=-1)  # first max index on exact ties
+    errors: list = [None] * raw.shape[0]
     for i, t in enumerate(temperature):
-        if t > 0:
-            probs = torch.softmax(raw[i] / t, dim=-1)
-            chosen[i] = torch.multinomial(probs, 1, generator=gens[i])[0]
+        # Below SAMPLING_EPS (vLLM's convention) sampling is greedy: logits / 1e-45 overflow to
+        # inf, and their softmax to NaN.
+        if t >= SAMPLING_EPS:
+            try:
+                probs = torch.softmax(raw[i] / t, dim=-1)
+                chosen[i] = torch.multinomial(probs, 1, generator=gens[i])[0]
+            except (RuntimeError, ValueError, TypeError) as e:  # one row's bad sampling, not the batch's
+                errors[i] = e
     kk = max(k, 1)
     top_logits, top_ids = torch.topk(raw, kk, dim=-1)
     rows = torch.arange(raw.shape[0])
@@ -283,4 +297,5 @@ def select(logits: torch.Tensor, k: int, temperature: list[float], gens: list) -
         top_ids=top_ids[:, :k].cpu(),
         top_logprobs=lp.gather(1, top_ids[:, :k]).cpu(),
         top_logits=top_logits[:, :k].cpu(),
+        errors=tuple(errors),
     )

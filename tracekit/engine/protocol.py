@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes: [lo, hi)
 
 
 class BadRequest(Exception):
@@ -84,7 +85,11 @@ def _prompt_ids(body: dict, tokenizer, vocab_size: int) -> list[int]:
     if isinstance(p, str):
         if not p:
             raise BadRequest("'prompt' is empty", "prompt")
-        return tokenizer.encode(p, add_special_tokens=False)
+        _check_text(p, "prompt")
+        ids = tokenizer.encode(p, add_special_tokens=False)
+        if not ids:
+            raise BadRequest("'prompt' encodes to no tokens", "prompt")
+        return ids
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         bad = [t for t in p if not 0 <= t < vocab_size]
         if bad:
@@ -93,6 +98,19 @@ def _prompt_ids(body: dict, tokenizer, vocab_size: int) -> list[int]:
     if isinstance(p, list) and len(p) > 1 and all(isinstance(x, (str, list)) for x in p):
         raise BadRequest("batched prompts are not supported: send one prompt per request", "prompt")
     raise BadRequest("'prompt' must be a non-empty string or a non-empty list of token ids", "prompt")
+
+
+def _check_text(text: str, name: str) -> None:
+    """JSON can carry lone surrogates ("\\ud800"), which are not Unicode text: no tokenizer or
+    UTF-8 encoder takes them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        raise BadRequest(
+            f"'{name}' holds a lone surrogate \\u{ord(bad):04x} at character {e.start}: not valid Unicode text",
+            name,
+        ) from None
 
 
 def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> CompletionParams:
@@ -118,6 +136,8 @@ def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> Comp
     stop = [stop] if isinstance(stop, str) else (stop or [])
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
         raise BadRequest("'stop' must be a non-empty string or a list of up to 4 non-empty strings", "stop")
+    for s_ in stop:
+        _check_text(s_, "stop")
     if _int(body, "n", 1, lo=1, hi=1) != 1 or _int(body, "best_of", 1, lo=1, hi=1) != 1:
         raise BadRequest("only n=1 is supported", "n")
     if _bool(body, "echo"):
@@ -131,7 +151,7 @@ def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> Comp
         prompt_ids=tuple(ids),
         max_tokens=max_tokens,
         temperature=float(temp),
-        seed=_int(body, "seed", None),
+        seed=_int(body, "seed", None, lo=SEED_RANGE[0], hi=SEED_RANGE[1] - 1),
         stop=tuple(stop),
         logprobs=logprobs,
         stream=_bool(body, "stream"),

@@ -1,15 +1,23 @@
-"""The HTTP front of the reference engine (aiohttp): /v1/completions, /health, /v1/models, /metrics.
+"""The HTTP front of the reference engine (aiohttp): /v1/completions, /health, /v1/models, /metrics,
+POST /reset_prefix_cache and, with an injected fault, /fault_log.
 
 The server listens before the model is loaded (/health answers 503 until it
 is), then hands every request to the engine's owner loop and relays its
 events. A client that disconnects cancels its handler (aiohttp
-`handler_cancellation`), and the `finally` releases the slot at once.
+`handler_cancellation`), and the `finally` releases the slot at once; a write
+that races the disconnect ends the handler quietly.
+
+Hostile input stays at the edge: a body over MAX_BODY_BYTES, JSON nested too
+deep, text that is not Unicode, out-of-range numbers get 400 before anything
+reaches the engine; a client that sends its first request's headers or its
+body slower than `read_timeout_s` is cut off (connections.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import os
 import signal
@@ -21,6 +29,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..errors import EngineError
+from .connections import exposure_warning, listen
 from .engine import ErrorEvent, GenRequest
 from .protocol import BadRequest, LogprobsBuilder, envelope, error_body, new_id, parse_completion, usage
 from .textstream import TextStream
@@ -46,6 +55,7 @@ class ServeConfig:
     served_name: str | None = None
     threads: int = 0
     prefill_chunk: int = 0
+    read_timeout_s: float = 30.0  # first request's headers, and each request body, must arrive within this
 
 
 def json_error(status: int, message: str, err_type: str = "invalid_request_error", param=None, code=None):
@@ -105,12 +115,15 @@ class App:
         }
 
     # ---- middleware -------------------------------------------------------------------------
+    OPEN_PATHS = ("/health", "/metrics")  # readiness and monitoring need no key
+
     @web.middleware
     async def guard(self, request: web.Request, handler):
-        if self.cfg.api_key and request.path.startswith("/v1/"):
-            if request.headers.get("Authorization", "") != f"Bearer {self.cfg.api_key}":
+        if self.cfg.api_key and request.path not in self.OPEN_PATHS:
+            want = f"Bearer {self.cfg.api_key}".encode()
+            if not hmac.compare_digest(request.headers.get("Authorization", "").encode(), want):
                 return json_error(401, "invalid or missing API key", "authentication_error")
-        if request.path.startswith("/v1/") and self.engine is None:
+        if request.path not in self.OPEN_PATHS and self.engine is None:
             return json_error(503, "model is loading", "service_unavailable")
         try:
             resp = await handler(request)
@@ -157,18 +170,41 @@ class App:
 
         return web.Response(text=render(self.engine, self.cfg), content_type="text/plain")
 
+    async def reset_prefix_cache(self, request):
+        """Empty the prefix cache (vLLM's route name), between two engine steps; running requests
+        keep their own KV. Answers how many blocks were dropped."""
+        cache = self.engine.cache
+        dropped = await asyncio.wrap_future(self.engine.call(cache.clear if cache is not None else lambda: 0))
+        return web.json_response({"status": "ok", "blocks_dropped": dropped, "prefix_cache": cache is not None})
+
+    async def _read_json(self, request: web.Request):
+        """The request body as JSON, or BadRequest (413 for size, 408 for a slow body)."""
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+        try:
+            raw = await asyncio.wait_for(request.read(), self.cfg.read_timeout_s)
+        except asyncio.TimeoutError:
+            raise BadRequest(f"request body not received within {self.cfg.read_timeout_s:g} s", status=408) from None
+        except web.HTTPRequestEntityTooLarge:
+            raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes", status=413) from None
+        if len(raw) > MAX_BODY_BYTES:
+            raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes", status=413)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(f"malformed JSON body: {e}") from None
+        except RecursionError:
+            raise BadRequest("malformed JSON body: nested too deeply") from None
+
     async def completions(self, request: web.Request):
         try:
-            raw = await request.read()
-            if len(raw) > MAX_BODY_BYTES:
-                raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes")
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise BadRequest(f"malformed JSON body: {e}") from None
+            body = await self._read_json(request)
             p = parse_completion(body, self.executor.tokenizer, self.executor.vocab_size, self.executor.max_context)
         except BadRequest as e:
-            return web.json_response(e.body(), status=e.status)
+            resp = web.json_response(e.body(), status=e.status)
+            if e.status == 408:  # a client too slow to send its body: do not wait for the rest
+                resp.force_close()
+            return resp
         events = asyncio.Queue()
         req = GenRequest(
             prompt_ids=list(p.prompt_ids),
@@ -234,11 +270,22 @@ class App:
                 "Server": f"tracekit/{__version__}",
             }
         )
-        await resp.prepare(request)
-        cid, text, n = new_id(), TextStream(self.executor.tokenizer, p.stop), 0
+        cid, text = new_id(), TextStream(self.executor.tokenizer, p.stop)
 
         async def send(obj) -> None:
             await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+
+        try:
+            await resp.prepare(request)
+            await self._relay(resp, p, req, events, cid, text, send)
+        except ConnectionResetError:
+            # The client went away while we wrote ("Cannot write to closing transport"): the same
+            # as a disconnect between two writes; `completions` frees the slot. No traceback.
+            pass
+        return resp
+
+    async def _relay(self, resp, p, req, events, cid, text, send) -> None:
+        n = 0
 
         def chunk(delta: str, finish=None, stop_reason=None, ev=None, off=0) -> dict:
             c = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason}
@@ -273,7 +320,6 @@ class App:
             await send(envelope(cid, self.name, [], usage(len(p.prompt_ids), n, req.cached_tokens)))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
 
 
 def build_app(app: App) -> web.Application:
@@ -283,6 +329,7 @@ def build_app(app: App) -> web.Application:
     web_app.router.add_get("/metrics", app.metrics)
     web_app.router.add_get("/fault_log", app.fault_log)
     web_app.router.add_post("/v1/completions", app.completions)
+    web_app.router.add_post("/reset_prefix_cache", app.reset_prefix_cache)
     return web_app
 
 
@@ -295,15 +342,17 @@ async def serve(cfg: ServeConfig) -> None:
     sys.setswitchinterval(0.0005)
     runner = web.AppRunner(build_app(app), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port)
     try:
-        await site.start()
+        server = await listen(runner.server, cfg.host, cfg.port, cfg.read_timeout_s)
     except OSError as e:
         await runner.cleanup()
         raise EngineError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}; pick another --port") from None
-    host, port = runner.addresses[0][:2]
+    host, port = server.sockets[0].getsockname()[:2]
     # The launcher (tracekit.engine.process) parses this exact line.
     print(f"tracekit serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    warning = exposure_warning(cfg.host, cfg.api_key is not None)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -317,6 +366,7 @@ async def serve(cfg: ServeConfig) -> None:
         )
         await stop.wait()
     finally:
+        server.close()
         if app.engine is not None:
             app.engine.stop()
         await runner.cleanup()
