@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tracekit.dtypes import NAMES as DTYPE_NAMES
 from tracekit.errors import ConfigError
 from tracekit.rundir import Cell, DiffSummary, LoadedCell, PairEvidence, RunDir
 from tracekit.store import TraceReader
@@ -29,6 +30,9 @@ COLORS = {
     "unexplained": "#e53935",
     "incomparable": "#fb8c00",
 }
+
+
+MARKERS = ("s", "o", "^")  # one per tracekit.dtypes name: fp32, bf16, fp16
 
 
 def _plt():
@@ -78,7 +82,7 @@ def gap_scatter(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> int:
     n, top = 0, 1.0
     rng = np.random.default_rng(0)  # x jitter only, so equal (position, gap) points stay visible
     for cls in ORDER:
-        for marker, dtype in (("o", "bf16"), ("s", "fp32"), ("^", "fp16")):
+        for marker, dtype in zip(MARKERS, DTYPE_NAMES):
             pts = [
                 (p.position, abs(p.gap_a_ulp))
                 for c, d in diffs

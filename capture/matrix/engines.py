@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracekit.engine.process import EngineProcess, start_engine
+from tracekit.engine.process import EngineProcess, start_engine, wait_http_200
 from tracekit.errors import EngineError
 from tracekit.rundir import Cell, EngineRecord, RunDir
 
@@ -66,20 +66,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_url(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError) as e:
-            last = str(e)
-        time.sleep(0.5)
-    raise EngineError(f"{url} did not answer 200 within {timeout_s:g} s ({last})")
-
-
 def command_for(t: Target, cell: Cell, port: int | None = None) -> list[str]:
     """The exact command line a cell's engine runs with (`serve` targets: the args after `tracekit serve`)."""
     dtype = str(t.dtype_map.get(cell.dtype, cell.dtype))
@@ -96,7 +82,8 @@ def start(t: Target, cell: Cell, log_dir: Path, ready_timeout_s: float) -> Runni
     t0 = time.perf_counter()
     if t.kind == "url":
         url = t.url.rstrip("/")
-        _wait_url(url + t.ready_path, ready_timeout_s)
+        if not wait_http_200(url + t.ready_path, time.monotonic() + ready_timeout_s):
+            raise EngineError(f"{url}{t.ready_path} did not answer 200 within {ready_timeout_s:g} s")
         return RunningEngine(cell.engine_id, url, None, None, None, time.perf_counter() - t0, self_report(url))
     env = {**os.environ, **{k: str(v) for k, v in t.env.items()}}
     if t.kind == "tracekit":
