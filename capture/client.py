@@ -16,6 +16,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -134,6 +135,7 @@ async def send(
     spec: RequestSpec,
     clock: Clock,
     started: dict | None = None,
+    prompt_ids: list[int] | None = None,
 ) -> tuple[Outcome, Acc]:
     """Send one request and return its outcome (never raises for engine or network faults;
     CancelledError propagates to the run loop).
@@ -164,14 +166,11 @@ async def send(
             first = first or str(e)
             status, http_status, error = "error", -1, str(e)
     if attempt > 1:
-        note = f"{attempt} attempts, the connection failed before any response byte; first: {first}"
-        error = f"{error} ({note})" if error else note
+        note = f"{attempt} attempts, the connection failed before any response byte; first: {first[:200]}"
+        error = f"{error[: ERROR_EXCERPT - len(note) - 3]} ({note})" if error else note
     t_done = clock()
-    return Outcome(
-        _record(spec, body, acc, status, http_status, error[:ERROR_EXCERPT], t_sent, t_done),
-        None,
-        _prompt_ids(spec, acc),
-    ), acc
+    pids = _prompt_ids(spec, acc, prompt_ids)
+    return Outcome(_record(spec, body, acc, pids, status, http_status, error, t_sent, t_done), None, pids), acc
 
 
 async def _exchange_fresh(session, url, data, dialect, spec, acc, clock, t_sent) -> tuple[str, int, str]:
@@ -227,23 +226,21 @@ async def _exchange(session, url, data, dialect, spec, acc, clock) -> tuple[str,
     return "ok", resp.status, ""
 
 
-def _prompt_ids(spec: RequestSpec, acc: Acc) -> list[int] | None:
+def _prompt_ids(spec: RequestSpec, acc: Acc, known: list[int] | None) -> list[int] | None:
+    """Token-id prompts are their own ids; else the engine's echo; else what the run looked up."""
     if not isinstance(spec.prompt, str):
         return list(spec.prompt)
-    return acc.prompt_ids
+    return acc.prompt_ids if acc.prompt_ids is not None else known
 
 
-def _record(
-    spec: RequestSpec, body: dict, acc: Acc, status: str, http_status: int, error: str, t_sent: float, t_done: float
-) -> RequestRecord:
+def _record(spec: RequestSpec, body: dict, acc: Acc, pids, status, http_status, error, t_sent, t_done) -> RequestRecord:
     params = {k: v for k, v in body.items() if k not in ("prompt", "messages", "text", "input_ids", "inputs")}
-    pids = _prompt_ids(spec, acc)
     return RequestRecord(
         key=spec.key,
         prompt_hash=prompt_hash(spec.prompt),
         status=status,
         http_status=http_status,
-        error=error,
+        error=error[:ERROR_EXCERPT],
         finish_reason=acc.finish_reason,
         cached_tokens=acc.cached_tokens,
         # The store slices stored prompt ids by prompt_len: it must be their count, or -1.
@@ -269,3 +266,53 @@ def finish(outcome: Outcome, acc: Acc, k: int, raw_logits: bool, to_ids) -> Outc
         )
         return Outcome(bad, None, outcome.prompt_ids)
     return Outcome(outcome.record, cols, outcome.prompt_ids)
+
+
+# ---- prompt token ids for text prompts the engine does not echo (issue 13) ---------------------
+# Where a response carries the prompt's ids (vLLM's prompt_token_ids), those win per row. For the
+# others the run asks, once per distinct text before any request is sent: the engine's own
+# tokenizer endpoint (exactly what it will run), else the local --tokenizer (may differ from the
+# engine's), else nothing (prompt_len -1). The run metadata says which (`prompt_ids`).
+_TOKENIZE = {
+    # engine -> (route, body for one text, ids from the answer). llama.cpp's completion routes
+    # tokenize with add_special and parse_special on (tools/server: tokenize_input_prompts(..., true,
+    # true)); its /tokenize defaults add_special to false, so both are sent.
+    "llamacpp": (
+        "/tokenize",
+        lambda text: {"content": text, "add_special": True, "parse_special": True},
+        lambda obj: obj["tokens"] if isinstance(obj, dict) else None,
+    ),
+}
+
+
+async def prompt_ids_for(
+    session: aiohttp.ClientSession, base_url: str, engine: str, texts: list[str], tokenizer: str | None
+) -> tuple[dict[str, list[int]], str]:
+    """{text: ids} for the text prompts, and the source said in the run metadata. Never raises for
+    the engine's answers: an endpoint that fails falls back to the tokenizer, then to nothing."""
+    texts = sorted(set(texts))
+    if not texts:
+        return {}, "the prompts are token ids"
+    how = _TOKENIZE.get(engine)
+    if how is not None:
+        route, body, ids_of = how
+        out = {}
+        for text in texts:
+            try:
+                async with session.post(base_url + route, json=body(text)) as r:
+                    obj = await r.json(content_type=None) if r.status == 200 else None
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                obj = None
+            ids = ids_of(obj) if obj is not None else None
+            if not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+                break
+            out[text] = ids
+        else:
+            return out, f"the engine's {route} (the ids it runs), for text prompts it does not echo"
+    if tokenizer:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
+        out = {t: tok.encode(t, add_special_tokens=True).ids for t in texts}
+        return out, f"the local tokenizer {tokenizer} (may differ from the engine's), for text prompts"
+    return {}, "unknown for text prompts (the engine does not echo them; pass --tokenizer DIR)"
