@@ -46,6 +46,7 @@ def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode:
         stream=s.stream,
         timeout_s=s.timeout_s,
         repeat=s.repeats,
+        api_key_env=m.target(cell.target).api_key_env,
         progress=False,
         run_meta={
             "cache": "on" if cell.prefix_cache else "off",
@@ -100,9 +101,10 @@ def _probe(serial: Path, table, specs) -> tuple[int, dict | None]:
 
 def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str, planned: int) -> CellRecord:
     t0 = time.perf_counter()
-    before = _snapshot(eng.url)
+    key = m.target(cell.target).api_key()
+    before = _snapshot(eng.url, key)
     table, err, _ = _capture(m, eng.url, cell, rd.path(rd.burst_rel(cell.id)), cell.concurrency, "burst")
-    after = _snapshot(eng.url)
+    after = _snapshot(eng.url, key)
     specs = _specs(m, cell)
     k = m.settings.cancel_streams or min(cell.concurrency, len(specs))
     probe_i, baseline = _probe(rd.path(rd.serial_rel(cell.group_id)), base_table, specs)
@@ -122,6 +124,7 @@ def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str,
         drain_timeout_s=m.settings.drain_timeout_s,
         timeout_s=m.settings.timeout_s,
         ready_path=ready,
+        api_key=key,
     )
     out = CellRecord(
         cell,
@@ -139,10 +142,10 @@ def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str,
     return out
 
 
-def _snapshot(url: str) -> dict[str, float] | None:
+def _snapshot(url: str, api_key: str | None) -> dict[str, float] | None:
     import asyncio
 
-    return asyncio.run(metrics_snapshot(url))
+    return asyncio.run(metrics_snapshot(url, api_key))
 
 
 def _failed_cells(cells: list[Cell], rd: RunDir, why: str) -> list[CellRecord]:

@@ -71,7 +71,8 @@ def command_for(t: Target, cell: Cell, port: int | None = None) -> list[str]:
     dtype = str(t.dtype_map.get(cell.dtype, cell.dtype))
     cache = list(t.cache_on_args if cell.prefix_cache else t.cache_off_args)
     if t.kind == "tracekit":
-        return [*t.args, "--dtype", dtype, *cache, *([] if cell.prefix_cache else ["--no-prefix-cache"])]
+        auth = ["--api-key-env", t.api_key_env] if t.api_key_env else []  # the variable's name, never its value
+        return [*t.args, "--dtype", dtype, *cache, *([] if cell.prefix_cache else ["--no-prefix-cache"]), *auth]
     return [a.format(port=port, dtype=dtype) for a in t.args] + cache
 
 
@@ -84,7 +85,8 @@ def start(t: Target, cell: Cell, log_dir: Path, ready_timeout_s: float) -> Runni
         url = t.url.rstrip("/")
         if not wait_http_200(url + t.ready_path, time.monotonic() + ready_timeout_s):
             raise EngineError(f"{url}{t.ready_path} did not answer 200 within {ready_timeout_s:g} s")
-        return RunningEngine(cell.engine_id, url, None, None, None, time.perf_counter() - t0, self_report(url))
+        report = self_report(url, t.api_key())
+        return RunningEngine(cell.engine_id, url, None, None, None, time.perf_counter() - t0, report)
     env = {**os.environ, **{k: str(v) for k, v in t.env.items()}}
     if t.kind == "tracekit":
         eng = start_engine(command_for(t, cell), timeout_s=ready_timeout_s, log_path=log, env=env)
@@ -93,13 +95,15 @@ def start(t: Target, cell: Cell, log_dir: Path, ready_timeout_s: float) -> Runni
         cmd = command_for(t, cell, port)
         eng = EngineProcess.from_command(cmd, t.url.format(port=port), t.ready_path, ready_timeout_s, log, env)
     startup_s = time.perf_counter() - t0
-    return RunningEngine(cell.engine_id, eng.url, list(eng.command), log, eng, startup_s, self_report(eng.url))
+    report = self_report(eng.url, t.api_key())
+    return RunningEngine(cell.engine_id, eng.url, list(eng.command), log, eng, startup_s, report)
 
 
-def self_report(url: str) -> dict:
+def self_report(url: str, api_key: str | None = None) -> dict:
     """GET /v1/models (the engine's own description); {"error": ...} when it has none."""
+    req = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10) as r:
             return {"status": r.status, "v1_models": json.loads(r.read())}
     except (urllib.error.URLError, OSError, ValueError) as e:
         return {"error": f"{type(e).__name__}: {e}"}

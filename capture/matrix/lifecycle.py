@@ -106,8 +106,8 @@ async def _metrics(session: aiohttp.ClientSession, base: str) -> dict[str, float
         return None
 
 
-async def metrics_snapshot(url: str) -> dict[str, float] | None:
-    async with aiohttp.ClientSession() as s:
+async def metrics_snapshot(url: str, api_key: str | None = None) -> dict[str, float] | None:
+    async with make_session(1, 10, api_key) as s:
         return await _metrics(s, url.rstrip("/"))
 
 
@@ -267,9 +267,10 @@ async def _lifecycle(
     drain_timeout_s: float,
     timeout_s: float,
     ready_path: str,
+    api_key: str | None,
 ) -> list[Check]:
     base = url.rstrip("/")
-    async with make_session(k_cancel + 2, timeout_s) as session:
+    async with make_session(k_cancel + 2, timeout_s, api_key) as session:
         pr = await probe(session, base, "auto")
         d = dialects.get(pr.dialect)
         specs = [dataclasses.replace(s, model=pr.model or s.model, extra={**pr.extra_body, **s.extra}) for s in specs]
@@ -298,12 +299,16 @@ def lifecycle_checks(
     drain_timeout_s: float,
     timeout_s: float,
     ready_path: str = "/health",
+    api_key: str | None = None,
 ) -> list[Check]:
     """Cancellation, drain, match and bad-request checks against a running engine (blocking).
-    specs[probe_i] is the probe; baseline: its serial row {token_ids, cached_tokens} or None."""
+    specs[probe_i] is the probe; baseline: its serial row {token_ids, cached_tokens} or None;
+    api_key: sent as `Authorization: Bearer` on every request (never recorded)."""
     try:
         return asyncio.run(
-            _lifecycle(url, specs, probe_i, baseline, k_cancel, after_tokens, drain_timeout_s, timeout_s, ready_path)
+            _lifecycle(
+                url, specs, probe_i, baseline, k_cancel, after_tokens, drain_timeout_s, timeout_s, ready_path, api_key
+            )
         )
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, TracekitError) as e:
         return [Check("lifecycle", "fail", f"checks could not run: {type(e).__name__}: {e}")]

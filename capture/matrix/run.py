@@ -98,7 +98,9 @@ def run(
     m: Matrix, out: str | os.PathLike, differ: Differ, *, teacher: TeacherPlan | None = None, argv=None
 ) -> RunResult:
     """Run every cell of m into the new directory `out`, diff, (teacher), manifest.
-    Raises ConfigError when `out` already holds a run."""
+    Raises ConfigError when `out` already holds a run or a target's api_key_env is unset."""
+    for t in m.targets:
+        t.api_key()  # fail before anything starts, not on every cell
     rd = RunDir.create(out, m.text)
     started = now_utc()
     records, engines = run_matrix(m, rd)

@@ -9,6 +9,7 @@ directory, so a matrix means the same thing from any working directory.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ TARGET_KEYS = {
     "cache_on_args",
     "cache_off_args",
     "env",
+    "api_key_env",
     *AXES,
 }
 PROMPT_KEYS = {"name", "path", "input_tokens"}
@@ -63,6 +65,18 @@ class Target:
     cache_off_args: tuple[str, ...] = ()
     env: dict = field(default_factory=dict)
     axes: dict = field(default_factory=dict)  # per-target axis overrides
+    api_key_env: str | None = None  # send `Authorization: Bearer $VAR`; `serve` targets also get --api-key-env VAR
+
+    def api_key(self) -> str | None:
+        """The key to send (read from the environment, never stored); ConfigError when unset."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"target {self.name}: api_key_env {self.api_key_env}: that environment variable is unset or empty"
+            )
+        return key
 
 
 @dataclass(frozen=True)
@@ -187,7 +201,15 @@ def _target(where: str, t: dict, base: Path) -> Target:
         _strs(where, "cache_off_args", t.get("cache_off_args", [])),
         dict(t.get("env", {})),
         axes,
+        _api_key_env(where, name, t),
     )
+
+
+def _api_key_env(where: str, name: str, t: dict) -> str | None:
+    v = t.get("api_key_env")
+    if v is not None and (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)):
+        raise ConfigError(f"{where} ({name}): 'api_key_env' must name an environment variable, got {v!r}")
+    return v
 
 
 def _prompt_set(where: str, p: dict, base: Path) -> PromptSet:

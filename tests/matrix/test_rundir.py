@@ -134,7 +134,7 @@ def test_cell_json_must_match_its_directory(tmp_path):
     "damage,needle",
     [
         (lambda p: p.write_text(p.read_text()[:200]), "not valid JSON"),
-        (lambda p: _edit(p, lambda d: d.update(schema="tracekit.diff/2")), "version 2 is newer"),
+        (lambda p: _edit(p, lambda d: d.update(schema="tracekit.diff/3")), "version 3 is newer"),
         (lambda p: _edit(p, lambda d: d["summary"].pop("unexplained")), "missing field 'unexplained'"),
         (lambda p: _edit(p, lambda d: d["pairs"].pop()), "summary says 8 pairs, the file lists 7"),
         (lambda p: p.unlink(), "missing"),

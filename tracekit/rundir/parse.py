@@ -162,13 +162,14 @@ def parse_pair(o: Obj) -> PairEvidence:
 
 
 def read_diff(path: Path) -> DiffSummary:
-    """A diff.json (tracekit.diff/1) -> DiffSummary; TraceFormatError naming the file otherwise."""
+    """A diff.json (tracekit.diff/1 or /2) -> DiffSummary; TraceFormatError naming the file otherwise."""
     o = Obj(load(path), str(path))
-    check_version(o, DIFF_SCHEMA, DIFF_VERSION)
+    v = check_version(o, DIFF_SCHEMA, DIFF_VERSION)
     s = o.sub("summary")
     counts = {k: s.get(k, int) for k in ("pairs", *DIFF_CLASSES)}
     pairs = tuple(parse_pair(Obj(p, f"{path}:pairs[{j}]")) for j, p in enumerate(o.get("pairs", list)))
-    if len(pairs) != counts["pairs"]:
+    filtered = v >= 2 and o.get("only", list, null=True) is not None  # `diff --only` lists a subset
+    if not filtered and len(pairs) != counts["pairs"]:
         raise TraceFormatError(f"{path}: summary says {counts['pairs']} pairs, the file lists {len(pairs)}")
     th = o.get("thresholds", dict)
     return DiffSummary(o.get("a", str), o.get("b", str), counts, th, pairs, tuple(map(str, o.get("notes", list))))

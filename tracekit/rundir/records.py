@@ -14,8 +14,8 @@ MATRIX_COPY = "matrix.toml"
 REPORT = "report"  # derived from the rest, rewritten by `tracekit report`; never hashed
 STATUSES = ("pass", "fail", "skip")
 DIFF_SCHEMA = "tracekit.diff"  # written by analyze (DiffResult.to_json); read here for the report
-DIFF_VERSION = 1
-# tracekit.diff/1 "summary": the pair count and one count per class (analyze/classify.py CLASSES).
+DIFF_VERSION = 2  # versions 1 and 2 hold every field read here (the summary and PairEvidence's)
+# tracekit.diff "summary": the pair count and one count per class (analyze/classify.py CLASSES).
 DIFF_CLASSES = ("identical", "post_eos", "bf16_tie_flip", "cache_boundary", "unexplained", "incomparable")
 FAILING = ("unexplained", "incomparable")
 
