@@ -1,0 +1,255 @@
+"""The smallest KV-cache corruption `tracekit diff` flags, and how often it cries wolf.
+
+Sensitivity: the reference engine's graded fault `--inject-fault perturb-kv:EPS`
+serves every reused prefix-cache block as `kv * (1 + EPS * noise)` (a fixed
+normal draw per element). For each EPS on a log grid: a serial capture on a
+healthy engine and the same serial capture on a faulty one (same prompts, each
+sent twice, so the second pass and prompts sharing a header hit the cache),
+then `analyze.compare.diff(healthy, faulty)`. A request is *affected* when, on
+the faulty side, it reused cached blocks AND the fault changed at least one KV
+value (the engine's GET /fault_log says how many: in BF16 a small EPS rounds
+back to the same value). The figure is the share of affected requests that diff
+calls `unexplained`; `detect_eps` is the smallest EPS of the grid from which on
+that share is >= 95 %.
+
+False alarms: on the healthy engine, `--runs` serial-vs-concurrent comparisons
+(prefix cache emptied before each capture, concurrency varied), the share of all
+pairs that diff calls `unexplained` (target 0).
+
+Usage: python bench/sensitivity.py [--quick] [--json] [--dtype bf16|fp32] [--eps 1e-3,1e-2]
+                                   [--runs 5] [--keep DIR]
+`--quick`: the 16 fixture prompts, 16 tokens, EPS 1e-3 .. 1, about 2 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analyze.compare import diff  # noqa: E402
+from capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.engine.faults import prompt_ids_sha256  # noqa: E402
+from tracekit.engine.process import start_engine  # noqa: E402
+from tracekit.store import TraceReader  # noqa: E402
+
+PROMPT_SETS = {"quick": ["tiny.jsonl"], "full": ["tiny.jsonl", "study_128.jsonl"]}
+GRID = {"quick": (1e-3, 1e-2, 1e-1, 1.0), "full": (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)}
+CONCURRENCY = (8, 16, 4, 8, 16, 4, 8, 16)  # of the false-alarm runs, in turn
+DETECT_SHARE = 0.95
+
+
+def log(msg: str) -> None:
+    print(f"[sensitivity {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def write_prompts(names: list[str], out: Path) -> Path:
+    """The prompt sets, id and prompt only (length and EOS handling come from the capture)."""
+    lines = []
+    for name in names:
+        for line in (ROOT / "fixtures" / "prompts" / name).read_text().splitlines():
+            if line.strip():
+                p = json.loads(line)
+                lines.append(json.dumps({"id": p["id"], "prompt": p["prompt"]}))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def http(url: str, method: str = "GET") -> dict:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def capture(url: str, prompts: Path, out: Path, concurrency: int, args) -> Path:
+    cfg = CaptureConfig(
+        url=url,
+        prompts=str(prompts),
+        out=str(out),
+        concurrency=concurrency,
+        max_tokens=args.max_tokens,
+        ignore_eos=True,
+        repeat=2,  # the second pass reuses the first pass's blocks
+        progress=False,
+    )
+    s = run_capture(cfg)
+    if s.failed:
+        raise SystemExit(f"capture {out.name}: {s.failed} requests failed: {s.failures[:3]}")
+    return out
+
+
+def fault_applied(trace: Path, fault_log: dict) -> dict[str, tuple[int, int, int]]:
+    """key -> (cached_tokens, KV values served from the cache, how many the fault changed),
+    matching the serial capture's rows (in send order) with the engine's fault records (in
+    admission order) by prompt ids."""
+    pending = collections.defaultdict(collections.deque)
+    for rec in fault_log["records"]:
+        pending[rec["prompt_sha256"]].append(rec)
+    out = {}
+    with TraceReader(trace) as r:
+        rows = sorted(range(len(r)), key=lambda i: r.record(i).t_sent_s)
+        for i in rows:
+            rec = r.record(i)
+            total = changed = 0
+            if rec.cached_tokens > 0:
+                queue = pending[prompt_ids_sha256(r.prompt_ids(i).tolist())]
+                if not queue:
+                    raise SystemExit(f"{trace}: {rec.key} hit the cache but the engine logged no fault for it")
+                fr = queue.popleft()
+                assert fr["cached_tokens"] == rec.cached_tokens, (rec.key, fr)
+                total, changed = fr["kv_values"], fr["kv_values_changed"]
+            out[rec.key] = (rec.cached_tokens, total, changed)
+    return out
+
+
+def sweep_point(eps: float, base: Path, prompts: Path, work: Path, engine_args: list[str], args) -> dict:
+    """One EPS: faulty engine, serial capture, diff against the healthy baseline."""
+    with start_engine([*engine_args, "--inject-fault", f"perturb-kv:{eps!r}"], timeout_s=300) as eng:
+        trace = capture(eng.url, prompts, work / f"perturb_{eps:g}.h5", 1, args)
+        applied = fault_applied(trace, http(eng.url + "/fault_log"))
+    res = diff(base, trace)
+    by_cls: dict[str, collections.Counter] = {"affected": collections.Counter(), "other": collections.Counter()}
+    for p in res.pairs:
+        cached, _, changed = applied.get(p.key, (0, 0, 0))
+        by_cls["affected" if cached > 0 and changed > 0 else "other"][p.cls] += 1
+    aff, oth = by_cls["affected"], by_cls["other"]
+    n_aff = sum(aff.values())
+    return {
+        "eps": eps,
+        "pairs": len(res),
+        "hits": sum(1 for c, _, _ in applied.values() if c > 0),
+        "affected": n_aff,
+        "unexplained": aff["unexplained"],
+        "share": aff["unexplained"] / n_aff if n_aff else None,
+        "affected_classes": dict(aff),
+        "unaffected_unexplained": oth["unexplained"],
+        "kv_changed": _mean([ch / tot for c, tot, ch in applied.values() if c > 0]),
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def false_alarms(url: str, prompts: Path, work: Path, args) -> list[dict]:
+    """Serial vs concurrent on the healthy engine, cold cache before each capture."""
+    runs = []
+    for i in range(args.runs):
+        c = CONCURRENCY[i % len(CONCURRENCY)]
+        http(url + "/reset_prefix_cache", "POST")
+        serial = capture(url, prompts, work / f"healthy_serial_{i}.h5", 1, args)
+        http(url + "/reset_prefix_cache", "POST")
+        conc = capture(url, prompts, work / f"healthy_c{c}_{i}.h5", c, args)
+        counts = diff(serial, conc).counts()
+        runs.append({"run": i, "concurrency": c, **counts})
+        log(f"false-alarm run {i} (c={c}): {counts}")
+    return runs
+
+
+def detect_eps(sweep: list[dict]) -> float | None:
+    """The smallest EPS > 0 from which on every grid point flags >= 95 % of its affected requests."""
+    best = None
+    for row in sorted((r for r in sweep if r["eps"] > 0), key=lambda r: r["eps"], reverse=True):
+        if not row["affected"] or row["share"] < DETECT_SHARE:
+            break
+        best = row["eps"]
+    return best
+
+
+def table(sweep: list[dict], runs: list[dict], dtype: str) -> str:
+    out = [
+        f"perturb-kv sweep ({dtype}, serial healthy vs serial faulty):",
+        "| EPS | hits | KV values changed | affected | unexplained / affected | share | affected verdicts "
+        "| unexplained, unaffected |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sweep:
+        share = _pct(r["share"])
+        verdicts = ", ".join(f"{k} {v}" for k, v in sorted(r["affected_classes"].items())) or "-"
+        out.append(
+            f"| {r['eps']:g} | {r['hits']} | {_pct(r['kv_changed'])} | {r['affected']} "
+            f"| {r['unexplained']}/{r['affected']} | {share} "
+            f"| {verdicts} | {r['unaffected_unexplained']} |"
+        )
+    out += ["", f"false alarms ({dtype}, healthy serial vs concurrent):", "| run | concurrency | pairs | verdicts |"]
+    out.append("|---|---|---|---|")
+    for r in runs:
+        verdicts = ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("run", "concurrency", "pairs") and v)
+        out.append(f"| {r['run']} | {r['concurrency']} | {r['pairs']} | {verdicts} |")
+    return "\n".join(out)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32", "fp16"))
+    ap.add_argument("--eps", default=None, help="comma-separated EPS grid (default: by mode)")
+    ap.add_argument("--runs", type=int, default=5, help="false-alarm runs (>= 5 for the figure)")
+    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--threads", default="1")
+    ap.add_argument("--keep", default=None, help="keep the traces in this directory")
+    args = ap.parse_args()
+    mode = "quick" if args.quick else "full"
+    grid = tuple(float(x) for x in args.eps.split(",")) if args.eps else GRID[mode]
+    args.max_tokens = args.max_tokens or (16 if args.quick else 32)
+    engine_args = ["--threads", args.threads, "--dtype", args.dtype, "--slots", "8"]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tracekit-sensitivity-") as tmp:
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        prompts = write_prompts(PROMPT_SETS[mode], work / "prompts.jsonl")
+        n_prompts = len(prompts.read_text().splitlines())
+        with start_engine(engine_args, timeout_s=300) as eng:
+            base = capture(eng.url, prompts, work / "healthy_serial.h5", 1, args)
+            runs = false_alarms(eng.url, prompts, work, args)
+        sweep = []
+        for eps in grid:
+            sweep.append(sweep_point(eps, base, prompts, work, engine_args, args))
+            r = sweep[-1]
+            log(f"EPS {eps:g}: {r['unexplained']}/{r['affected']} affected flagged, {r['hits']} hits")
+    pairs = sum(r["pairs"] for r in runs)
+    doc = {
+        "dtype": args.dtype,
+        "mode": mode,
+        "prompts": n_prompts,
+        "max_tokens": args.max_tokens,
+        "detect_eps": detect_eps(sweep),
+        "false_alarm_rate": sum(r["unexplained"] for r in runs) / pairs if pairs else None,
+        "false_alarm_pairs": pairs,
+        "sweep": sweep,
+        "false_alarm_runs": runs,
+        "classifier_commit": _last_commit("analyze/classify.py"),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(table(sweep, runs, args.dtype))
+        print(f"\ndetect_eps {doc['detect_eps']}  false_alarm_rate {doc['false_alarm_rate']}  ({doc['wall_s']} s)")
+
+
+def _last_commit(path: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", "log", "-1", "--format=%h %s", "--", path], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    main()
