@@ -23,29 +23,34 @@ from llamacpp import start_server, tiny_gguf  # noqa: E402
 from capture.capture_run import CaptureConfig, run_capture  # noqa: E402
 
 BIN = os.environ.get("TRACEKIT_LLAMA_SERVER", "")
-if not BIN:
-    pytest.skip(
-        "TRACEKIT_LLAMA_SERVER is not set: build llama-server with scripts/build_llama_server.sh "
-        "and export TRACEKIT_LLAMA_SERVER=<the path it prints>",
-        allow_module_level=True,
-    )
-if not os.access(BIN, os.X_OK):
-    pytest.fail(f"TRACEKIT_LLAMA_SERVER={BIN} is not an executable file", pytrace=False)
-
+SKIP = (
+    "TRACEKIT_LLAMA_SERVER is not set: build llama-server with scripts/build_llama_server.sh "
+    "and export TRACEKIT_LLAMA_SERVER=<the path it prints>"
+)
 PROMPTS = ROOT / "fixtures" / "prompts" / "cpu_small.jsonl"  # 8 token-id prompts, 32-token shared prefix
 TOKENIZER = ROOT / "fixtures" / "models" / "tiny"
 
 
 @pytest.fixture(scope="session")
-def gguf(tmp_path_factory) -> Path:
+def llama_bin() -> str:
+    """The binary, or every test that needs it is skipped with SKIP as the reason."""
+    if not BIN:
+        pytest.skip(SKIP)
+    if not os.access(BIN, os.X_OK):
+        pytest.fail(f"TRACEKIT_LLAMA_SERVER={BIN} is not an executable file", pytrace=False)
+    return BIN
+
+
+@pytest.fixture(scope="session")
+def gguf(llama_bin, tmp_path_factory) -> Path:
     return tiny_gguf(tmp_path_factory.mktemp("gguf"), "f32")
 
 
 @pytest.fixture(scope="module")
-def llama(gguf, tmp_path_factory):
+def llama(llama_bin, gguf, tmp_path_factory):
     """A llama-server with 4 slots, for one test module."""
     log = tmp_path_factory.mktemp("llama-log") / "llama-server.log"
-    with start_server(BIN, gguf, slots=4, log_path=str(log)) as eng:
+    with start_server(llama_bin, gguf, slots=4, log_path=str(log)) as eng:
         yield eng
 
 

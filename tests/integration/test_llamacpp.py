@@ -4,12 +4,16 @@ classified, no request lost at any concurrency (issue 13)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from analyze.compare import diff
+from capture.capture_run import CaptureConfig, run_capture
 from tracekit.store import TraceReader
 
+PROMPTS = Path(__file__).resolve().parents[2] / "fixtures" / "prompts" / "cpu_small.jsonl"
 CLASSIFIED = ("identical", "post_eos", "bf16_tie_flip", "cache_boundary", "unexplained")
 
 
@@ -29,10 +33,6 @@ def _all_classified(a, b) -> dict:
 @pytest.fixture(scope="module")
 def native(llama, tmp_path_factory):
     """Serial then concurrent (c=4) over /completion, --dialect auto; the two traces."""
-    from capture.capture_run import CaptureConfig, run_capture
-
-    from .conftest import PROMPTS
-
     d = tmp_path_factory.mktemp("native")
     out = {}
     for name, c in (("serial", 1), ("concurrent", 4)):
