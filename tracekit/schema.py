@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -142,7 +142,14 @@ class TokenColumns:
         n = len(self.token_id)
 
         def set_(name, dt):
-            return object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=dt))
+            a = np.asarray(getattr(self, name))
+            if dt is np.int32 and a.dtype != np.int32 and a.size:
+                # numpy casts out-of-range ints by wrapping and floats by truncating: refuse both
+                if a.dtype.kind not in "iub" and not np.array_equal(a, np.round(a)):
+                    raise ValueError(f"{name}: token ids must be integers, got {a.dtype}")
+                if a.min() < -(1 << 31) or a.max() > (1 << 31) - 1:
+                    raise ValueError(f"{name}: ids {a.min()}..{a.max()} do not fit int32")
+            return object.__setattr__(self, name, a.astype(dt, copy=False))
 
         for name, dt in (
             ("token_id", np.int32),
@@ -231,7 +238,6 @@ class RequestTable:
     token_offset: np.ndarray  # int64: first row of this request in /tokens
     n_tokens: np.ndarray  # int32: rows in /tokens (= output length)
     prompt_offset: np.ndarray  # int64: first row in /prompt/token_id
-    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.key)

@@ -124,7 +124,7 @@ def test_clean_close_leaves_no_journal(tmp_path):
     from tracekit.schema import Layout, RunMeta
     from tracekit.store import TraceWriter
 
-    with TraceWriter(tmp_path / "t.h5", RunMeta(source="http", run={}, layout=Layout(topk=8))) as w:
+    with TraceWriter(tmp_path / "t.h5", RunMeta(source="http", run={}, layout=Layout(topk=8, raw_logits=True))) as w:
         w.append(*make_request(0))
         assert (tmp_path / "t.h5.journal").exists()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["t.h5"]

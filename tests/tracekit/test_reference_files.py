@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "fixtures" / "format"))
 from make_reference import reference_requests  # noqa: E402
 
-REFS = sorted((ROOT / "fixtures" / "format").glob("v*/*.h5"))
+REFS = sorted((ROOT / "fixtures" / "format").glob("v*/reference.h5"))
+CAPTURES = sorted((ROOT / "fixtures" / "format").glob("v*/capture.h5"))
 
 
 def test_there_is_a_v1_reference():
@@ -38,3 +39,13 @@ def test_reference_file_reads(path):
             np.testing.assert_allclose(t.topk_logprob, toks.topk_logprob)
             np.testing.assert_allclose(t.logits, toks.logits)
             np.testing.assert_array_equal(r.prompt_ids(i), prompt)
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=[p.parent.name for p in CAPTURES])
+def test_real_capture_reads(path):
+    """A real capture of each version (fixtures/format/make_capture.py) stays readable too."""
+    with TraceReader(path) as r:
+        assert r.meta.source == "http" and r.meta.run["dialect"] == "vllm" and r.layout.topk == 5
+        assert len(r) == 8 and set(r.requests.status) == {"ok"} and r.n_token_rows == 256
+        for i in range(len(r)):
+            assert len(r.prompt_ids(i)) == r.record(i).prompt_len > 0 and len(r.tokens(i)) == 32

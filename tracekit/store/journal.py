@@ -7,7 +7,7 @@ writer first appends each group of requests to `<trace>.journal`, a flat file
 of self-checking records, and only then writes the HDF5 file; a clean close
 deletes the journal. A reader that finds a trace left "open for write" by a
 writer that is no longer running rebuilds the trace from its journal
-(`recover`). A torn last record (the kill landed inside it) fails its CRC and
+(`recovery.recover`). A torn last record (the kill landed inside it) fails its CRC and
 is dropped: it was never acknowledged.
 
 Record: b"TKJ1" · u64 payload length · u32 crc32(payload) · payload, where
@@ -27,7 +27,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..schema import Layout, RequestRecord, RunMeta, TokenColumns
+from ..schema import RequestRecord, RunMeta, TokenColumns
 
 MAGIC = b"TKJ1"
 _HEAD = struct.Struct("<4sQI")
@@ -147,23 +147,3 @@ def writer_alive(meta: dict) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def recover(trace: str | os.PathLike) -> int:
-    """Rebuild `trace` from its journal (atomically replacing the killed file);
-    returns the number of requests recovered."""
-    from .writer import TraceWriter  # late: the writer imports this module
-
-    jpath = journal_path(trace)
-    meta, items = read_journal(jpath)
-    if not meta:
-        raise FileNotFoundError(jpath)
-    rm = RunMeta(
-        source=meta["source"], run=meta["run"], layout=Layout(**meta["layout"]), created_utc=meta["created_utc"]
-    )
-    tmp = Path(os.fspath(trace) + ".recovered")
-    with TraceWriter(tmp, rm, expected_tokens=sum(len(t) for _, t, _ in items) or None, journal=False) as w:
-        w.append_many(items)
-    os.replace(tmp, trace)
-    jpath.unlink(missing_ok=True)
-    return len(items)

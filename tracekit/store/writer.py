@@ -21,9 +21,45 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from ..errors import TraceFormatError
 from ..schema import FORMAT, FORMAT_VERSION, RequestRecord, RunMeta, TokenColumns
-from .columns import FIXED, RAGGED, REQ_CHUNK, TOK_CHUNK_ROWS, TOPK_CHUNK_BYTES
+from .columns import FIXED, RAGGED, REQ_CHUNK, TOK_CHUNK_ROWS, TOKEN_1D, TOKEN_COLUMNS, TOPK_CHUNK_BYTES
 from .journal import JournalWriter
+from .rows import Row, check_request
+
+SPARSE_SLACK = 64 << 10  # bytes of HDF5 metadata and partial chunks never worth a rewrite
+
+
+def repack_if_sparse(path: Path) -> bool:
+    """Rewrite a closed trace whose chunks are mostly empty, with chunks fitted to
+    its rows. Chunks are allocated whole, so two 6-token requests in 1 MiB top-k
+    chunks made a 3.5 MB file; a large trace wastes at most one partial chunk a
+    column and is left alone. Same datasets, dtypes, shapes and attributes: only
+    the storage changes. Returns whether it rewrote the file."""
+    with h5py.File(path, "r") as f:
+        datasets = []
+        f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
+        content = sum(f[n].size * f[n].dtype.itemsize for n in datasets)
+        if os.path.getsize(path) <= 2 * content + SPARSE_SLACK:
+            return False
+        tmp = path.with_name(path.name + ".repack")
+        with h5py.File(tmp, "w", libver="latest") as g:
+            for k, v in f.attrs.items():
+                g.attrs[k] = v
+            for name in datasets:
+                src = f[name]
+                rows = max(1, min(src.chunks[0], src.shape[0]))
+                g.create_dataset(
+                    name,
+                    data=src[()],
+                    maxshape=(None,) + src.shape[1:],
+                    chunks=None if 0 in src.shape[1:] else (rows,) + src.chunks[1:],  # [N, 0]: h5py picks
+                    compression=src.compression,
+                    compression_opts=src.compression_opts,
+                    shuffle=src.shuffle,
+                )
+    os.replace(tmp, path)
+    return True
 
 
 def _utc_now() -> str:
@@ -57,6 +93,8 @@ class TraceWriter:
         self.n_requests = 0
         self.n_tokens = 0
         self.n_prompt = 0
+        self._keys: set[tuple[str, str, str]] = set()  # (key, history, dtype) of every row
+        self._ragged_bytes = dict.fromkeys(RAGGED, 0)
 
     # -- creation ---------------------------------------------------------
     def _init_layout(self) -> None:
@@ -126,79 +164,72 @@ class TraceWriter:
         resize + write per dataset: a group commit. Appending costs ~25 dataset writes
         whatever its size, so a capture at high concurrency writes everything that
         finished while the previous write ran in one go. Returns the rows written.
-        A request is committed once every column holds its rows and the file is flushed."""
-        lay = self.layout
+        A request is committed once every column holds its rows and the file is flushed.
+
+        Every request is checked first (`rows.check_request`): one that the reader
+        could not read back exactly, or whose (key, history, dtype) the trace already
+        holds, is a TraceFormatError, and nothing of the group is written."""
         if not items:
             return 0
-        empty = TokenColumns.empty(lay.topk, lay.raw_logits, lay.vocab_size)
-        cols = {
-            n: [] for n in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob", "topk_logit", "logits")
-        }
-        rows = {name: [] for name in FIXED}
-        ragged = {name: [] for name in RAGGED}
-        all_pids, journal_items = [], []
-        n_tok, n_prompt = self.n_tokens, self.n_prompt
-        for rec, toks, prompt_ids in items:
-            toks = (toks if toks is not None else empty).padded_to(lay.topk)
-            for name in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob"):
-                cols[name].append(getattr(toks, name))
-            if lay.raw_logits:  # engines without raw logits get NaN rows in a raw-logit trace
-                cols["topk_logit"].append(
-                    toks.topk_logit if toks.topk_logit is not None else np.full(toks.topk_id.shape, np.nan, np.float32)
-                )
-            if lay.vocab_size:
-                if len(toks) and (toks.logits is None or toks.logits.shape[1] != lay.vocab_size):
-                    raise ValueError(
-                        f"{self.path}: this trace stores full logits of width {lay.vocab_size}; "
-                        f"got {None if toks.logits is None else toks.logits.shape}"
-                    )
-                cols["logits"].append(toks.logits if len(toks) else np.zeros((0, lay.vocab_size), np.float32))
-            pids = np.asarray(prompt_ids if prompt_ids is not None else [], dtype=np.int32)
-            all_pids.append(pids)
-            journal_items.append((rec, toks, pids if prompt_ids is not None else None))
-            plen = rec.prompt_len if rec.prompt_len >= 0 else (len(pids) if prompt_ids is not None else -1)
-            row = {
-                "prompt_hash": rec.prompt_hash.encode(),
-                "status": rec.status.encode(),
-                "http_status": rec.http_status,
-                "finish_reason": rec.finish_reason.encode()[:16],
-                "cached_tokens": rec.cached_tokens,
-                "prompt_len": plen,
-                "t_sent_s": rec.t_sent_s,
-                "t_first_token_s": rec.t_first_token_s,
-                "t_done_s": rec.t_done_s,
-                "dtype": rec.dtype.encode()[:8],
-                "token_offset": n_tok,
-                "n_tokens": len(toks),
-                "prompt_offset": n_prompt,
-            }
-            for name in FIXED:
-                rows[name].append(row[name])
-            for name in RAGGED:
-                ragged[name].append(str(getattr(rec, name)).encode("utf-8"))
-            n_tok += len(toks)
-            n_prompt += len(pids)
+        where = str(self.path)
+        rows = [check_request(rec, toks, pids, self.layout, where) for rec, toks, pids in items]
+        seen = set()
+        for r in rows:
+            if r.unique in self._keys or r.unique in seen:
+                key, hist, dt = r.unique
+                extra = f" (history {hist!r}, dtype {dt!r})" if hist or dt else ""
+                raise TraceFormatError(f"{where}: request {key!r}{extra} is already in this trace; keys are unique")
+            seen.add(r.unique)
         if self._journal is not None:  # write-ahead: durable before the HDF5 write begins
-            self._journal.append(journal_items)
+            self._journal.append([(rec, r.tokens, r.prompt_ids) for (rec, _, _), r in zip(items, rows)])
+        self._write(rows)
+        self._keys |= seen
+        self.n_requests += len(rows)
+        if flush:
+            self.flush()
+        return len(rows)
+
+    def _write(self, rows: list[Row]) -> None:
+        """One resize + write per dataset for the whole group."""
+        lay = self.layout
+        names = [n for n in TOKEN_COLUMNS if n in TOKEN_1D or n in ("topk_id", "topk_logprob")]
+        if lay.raw_logits:
+            names.append("topk_logit")
+        if lay.vocab_size:
+            names.append("logits")
+        cols = {n: [] for n in names}
+        for r in rows:
+            t = r.tokens
+            for n in names:
+                a = getattr(t, n)
+                if a is None:  # engines without raw logits get NaN rows in a raw-logit trace
+                    a = np.full((len(t), lay.vocab_size if n == "logits" else lay.topk), np.nan, np.float32)
+                cols[n].append(a)
+        n_tok, n_prompt = self.n_tokens, self.n_prompt
+        fixed = {name: [] for name in FIXED}
+        for r in rows:
+            r.fixed["token_offset"], r.fixed["prompt_offset"] = n_tok, n_prompt
+            for name in FIXED:
+                fixed[name].append(r.fixed[name])
+            n_tok += len(r.tokens)
+            n_prompt += 0 if r.prompt_ids is None else len(r.prompt_ids)
         ds = self._handles()  # h5py group lookups cost ~0.1 ms each: look up once per writer
         ext = self._extend
         for name, parts in cols.items():
-            if parts:
-                d = ds["tokens/" + name]
-                ext(d, np.concatenate(parts).astype(d.dtype, copy=False))
-        ext(ds["prompt/token_id"], np.concatenate(all_pids).astype("<i4", copy=False))
+            d = ds["tokens/" + name]
+            ext(d, np.concatenate(parts).astype(d.dtype, copy=False))
+        pids = [r.prompt_ids for r in rows if r.prompt_ids is not None]
+        if pids:
+            ext(ds["prompt/token_id"], np.concatenate(pids).astype("<i4", copy=False))
         for name, (dt, _) in FIXED.items():
-            ext(ds["requests/" + name], np.array(rows[name], dtype=dt))
-        for name, datas in ragged.items():
-            end = ds[f"requests/{name}_end"]
-            prev = int(end[-1]) if end.shape[0] else 0
+            ext(ds["requests/" + name], np.array(fixed[name], dtype=dt))
+        for name in RAGGED:
+            datas = [r.ragged[name] for r in rows]
+            ends = self._ragged_bytes[name] + np.cumsum([len(d) for d in datas], dtype=np.int64)
             ext(ds[f"requests/{name}_bytes"], np.frombuffer(b"".join(datas), dtype=np.uint8))
-            ext(end, (prev + np.cumsum([len(d) for d in datas])).astype("<i8"))
+            ext(ds[f"requests/{name}_end"], ends.astype("<i8"))
+            self._ragged_bytes[name] = int(ends[-1])
         self.n_tokens, self.n_prompt = n_tok, n_prompt
-        self.n_requests += len(items)
-        if flush:
-            self.flush()
-        return len(items)
 
     def _handles(self) -> dict:
         """Every dataset of the file by path, looked up once (used by append_many)."""
@@ -232,6 +263,9 @@ class TraceWriter:
         if self._f.id.valid:
             self._f.flush()
             self._f.close()
+            # The file is whole and closed: a kill from here on leaves a readable
+            # file (and a stale journal that no reader consults).
+            repack_if_sparse(self.path)
             if self._journal is not None:  # the file is complete: the journal has done its job
                 self._journal.close(delete=True)
 
