@@ -263,7 +263,9 @@ class RequestTable:
         )
 
     def index_by_key(self) -> dict[str, int]:
-        """key -> row; when a key repeats (a resumed run), the last row wins."""
+        """key -> row. Keys are unique in an HTTP trace (the writer refuses a repeated
+        (key, history, dtype); --resume rewrites the file). In a teacher-forced trace a key
+        has one row per (history, dtype): there the last row of each key wins."""
         return {k: i for i, k in enumerate(self.key)}
 
     def counts_by_status(self) -> dict[str, int]:
