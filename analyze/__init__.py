@@ -8,9 +8,10 @@ divergence (docs/analysis.md), and report it.
 This package never imports torch, aiohttp or capture/.
 """
 
-from .classify import CLASSES, Thresholds, bf16_ulp
+from .classify import CLASSES, Thresholds
 from .compare import diff
+from .grid import steps
 from .result import SCHEMA, DiffResult, PairResult
 from .testing import assert_equivalent
 
-__all__ = ["CLASSES", "SCHEMA", "DiffResult", "PairResult", "Thresholds", "assert_equivalent", "bf16_ulp", "diff"]
+__all__ = ["CLASSES", "SCHEMA", "DiffResult", "PairResult", "Thresholds", "assert_equivalent", "diff", "steps"]

@@ -17,6 +17,8 @@ from tracekit.errors import AlignmentError, ConfigError
 from tracekit.schema import RequestTable, RunMeta
 from tracekit.store import TraceReader, prompt_column
 
+from .streams import Asked, asked, sampled_reason
+
 # Request columns a --a-select/--b-select filter may name.
 SELECTABLE = ("history", "dtype", "finish_reason", "status")
 
@@ -51,9 +53,13 @@ class Side:
     logprob: np.ndarray  # [N] float32: the whole logprob column
     prompt: np.ndarray  # [M] int32: all prompt ids, concatenated
     reader: TraceReader
+    note: str = ""  # repeated keys, said in every output
 
 
-def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> np.ndarray:
+def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> tuple[np.ndarray, str]:
+    """(one row per key, a note naming repeated keys or ''). A repeated key in an
+    HTTP trace (a resumed run, a re-sent prompt) keeps its last row, and says so:
+    rows never collapse silently."""
     t = reader.requests
     keep = np.ones(len(t), dtype=bool)
     for name, value in select.items():
@@ -65,16 +71,22 @@ def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> np.
             f"{','.join(f'{k}={v}' for k, v in select.items())}{_choices(t)}"
         )
     keys = t.key[rows]
-    uniq, last = np.unique(keys[::-1], return_index=True)
-    if len(uniq) < len(keys):
-        if reader.meta.source == "teacher_forced":
-            raise AlignmentError(
-                f"{reader.path} holds several teacher-forced rows per key{_choices(t)}; "
-                f"pick one with --{label}-select history=H,dtype=D"
-            )
-        # An HTTP trace with repeated keys is a resumed run: the last row wins.
-        rows = np.sort(rows[len(rows) - 1 - last])
-    return rows
+    uniq, last, counts = np.unique(keys[::-1], return_index=True, return_counts=True)
+    if len(uniq) == len(keys):
+        return rows, ""
+    if reader.meta.source == "teacher_forced":
+        raise AlignmentError(
+            f"{reader.path} holds several teacher-forced rows per key{_choices(t)}; "
+            f"pick one with --{label}-select history=H,dtype=D"
+        )
+    rep = counts > 1
+    shown = ", ".join(f"{k} x{c}" for k, c in zip(uniq[rep][:5].tolist(), counts[rep][:5].tolist()))
+    more = f" and {int(rep.sum()) - 5} more" if rep.sum() > 5 else ""
+    note = (
+        f"{label.upper()} ({reader.path}): {int(rep.sum())} key(s) appear more than once "
+        f"({shown}{more}, {int(counts[rep].sum())} rows); the last row of each is compared"
+    )
+    return np.sort(rows[len(rows) - 1 - last]), note
 
 
 def _choices(t: RequestTable) -> str:
@@ -102,14 +114,14 @@ def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: 
     """Select rows and read the compared columns. In a teacher-forced trace the
     stored token_id is the replayed (forced) token, the same in every history;
     what a history *predicts* is its top-1, so that is what gets compared."""
-    rows = _select_rows(reader, select or {}, label)
+    rows, note = _select_rows(reader, select or {}, label)
     if reader.meta.source == "teacher_forced":
         logits = reader.column("topk_logit") if reader.has_column("topk_logit") else None
         token_id, logprob = top1(reader.column("topk_id"), reader.column("topk_logprob"), logits)
     else:
         cols = reader.columns(["token_id", "logprob"])
         token_id, logprob = cols["token_id"], cols["logprob"]
-    return Side(reader.path, reader.meta, reader.requests, rows, token_id, logprob, prompt_column(reader), reader)
+    return Side(reader.path, reader.meta, reader.requests, rows, token_id, logprob, prompt_column(reader), reader, note)
 
 
 def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,7 +137,8 @@ def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class Alignment:
     """Every key of A (in A's order), then keys only in B. Per pair [P]: the
-    request rows (-1 = missing), why it is incomparable ('' = comparable), and
+    request rows (-1 = missing), why it is incomparable ('' = comparable: not
+    missing, not failed, same prompt, not sampled, token ids known), and
     for comparable pairs the token offsets and compared length L = min(n_a, n_b).
     Concatenated over comparable pairs [T]: seg, pos, idx_a, idx_b."""
 
@@ -145,6 +158,8 @@ class Alignment:
     start: np.ndarray  # [P] int64 first concatenated row of each pair
     idx_a: np.ndarray  # [T] int64 token row in A
     idx_b: np.ndarray
+    asked_a: tuple[Asked, ...] = ()  # [P] what each request asked (streams.py)
+    asked_b: tuple[Asked, ...] = ()
 
 
 def _pair_keys(a: Side, b: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -211,14 +226,19 @@ def align(a: Side, b: Side) -> Alignment:
     ):
         fill = (reason[both] == "") & (rsn != "")
         reason[both[fill]] = rsn[fill]
-    ok = reason == ""
 
     def get(side, rows, col):
         return np.where(rows >= 0, getattr(side.table, col)[np.maximum(rows, 0)], 0).astype(np.int64)
 
     n_a, n_b = get(a, row_a, "n_tokens"), get(b, row_b, "n_tokens")
     off_a, off_b = get(a, row_a, "token_offset"), get(b, row_b, "token_offset")
-    length = np.where(ok, np.minimum(n_a, n_b), 0)
+    asked_a, asked_b = asked(a, row_a), asked(b, row_b)
+    for i in np.flatnonzero(reason == "").tolist():
+        reason[i] = sampled_reason(asked_a[i], asked_b[i])
+    length = np.where(reason == "", np.minimum(n_a, n_b), 0)
+    unknown = _unknown_ids_reason(a, b, length, off_a, off_b)
+    reason[unknown != ""] = unknown[unknown != ""]
+    length = np.where(reason == "", length, 0)
     seg, pos, start = segments(length)
     return Alignment(
         a,
@@ -237,4 +257,22 @@ def align(a: Side, b: Side) -> Alignment:
         start,
         off_a[seg] + pos,
         off_b[seg] + pos,
+        tuple(asked_a),
+        tuple(asked_b),
     )
+
+
+def _unknown_ids_reason(a: Side, b: Side, length, off_a, off_b) -> np.ndarray:
+    """Token id -1 (unknown: the engine sent token strings and capture had no
+    tokenizer) never equals anything: such a pair cannot be compared by ids."""
+    seg, pos, _ = segments(length)
+    out = np.full(len(length), "", dtype=object)
+    for label, side, off in (("A", a, off_a), ("B", b, off_b)):
+        bad = side.token_id[off[seg] + pos] < 0
+        cnt = np.bincount(seg[bad], minlength=len(length))
+        for i in np.flatnonzero((cnt > 0) & (out == "")).tolist():
+            out[i] = (
+                f"token ids unknown (-1) at {cnt[i]} of {length[i]} positions of {label}: the engine sent "
+                "token strings only and capture had no tokenizer (recapture with --tokenizer DIR)"
+            )
+    return out

@@ -1,20 +1,44 @@
 """Text forms of a DiffResult: the summary line, a table per pair (plain or
 markdown, via tabulate) and the JSON document. Formatting only: the numbers
-come from classify.py.
+come from classify.py. Every form carries the same facts: each trace's grid and
+where it came from, the tolerances in force, the EOS ids and their source (or
+that they are unknown, and how to fix it), findings, notes, and a filter when
+--only hid pairs.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from tabulate import tabulate
 
-from .result import DiffResult, PairResult
+from .result import SCHEMA, DiffResult, PairResult
 
 # Order of the summary line after "N/P identical".
 SUMMARY_ORDER = ("bf16_tie_flip", "post_eos", "cache_boundary", "unexplained", "incomparable")
 Decoder = Callable[[int], str]
+LEGEND = (
+    "gap: how far each side's own token lies above the other side's token in that trace "
+    "(nats from logprobs; `u` = steps of the run's grid, from raw logits; `>=` = the other token is "
+    "outside the top-k); boundary: reused-prefix tokens (cached_tokens); drift: |Δ chosen logprob| "
+    "before the difference, max/mean; top-k ∩: share of A's top-k in B's; vllm close: vLLM's "
+    "check_logprobs_close (each token in the other's top-k), for comparison only."
+)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A comparison that could not be made (`tracekit diff A B C`: C shares no key with A)."""
+
+    a: str
+    b: str
+    error: str
+    ok = False
+
+    def to_json(self, only=None) -> dict:
+        return {"schema": SCHEMA, "a": self.a, "b": self.b, "error": self.error}
 
 
 def summary_line(r: DiffResult) -> str:
@@ -28,9 +52,11 @@ def _num(x: float | None, fmt: str = ".3g") -> str:
 
 
 def _gap(nats: float | None, ulp: float | None, other_in: bool | None) -> str:
-    if nats is None:
+    if nats is None and ulp is None:
         return ""
-    return (">=" if other_in is False else "") + f"{abs(nats):.3g}" + (f" ({abs(ulp):.3g}u)" if ulp is not None else "")
+    lo = ">=" if other_in is False else ""
+    n = f"{abs(nats):.3g}" if nats is not None else "?"
+    return lo + n + (f" ({abs(ulp):.3g}u)" if ulp is not None else "")
 
 
 def _tok(t: int | None, decode: Decoder | None) -> str:
@@ -80,7 +106,7 @@ def rows(
             drift,
             _num(p.topk_overlap, ".2f"),
             vllm,
-            p.rule,
+            p.rule + (f" [{p.note}]" if p.note and p.note not in p.rule else ""),
         ]
         out.append(row + ([p.teacher or ""] if teacher else []))
     return head, out
@@ -91,41 +117,77 @@ def table(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | No
     return tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
 
 
-def _header(r: DiffResult) -> list[str]:
-    t = r.thresholds
+def _thresholds(r: DiffResult) -> list[str]:
+    th = r.thresholds_json()
+    out = []
+    for d, t in th["by_dtype"].items():
+        out.append(
+            f"thresholds ({d}): tie {t['tie_ulps']:g} ulp / {t['tie_nats']:g} nats; drift {t['drift_ulps']:g} ulp / "
+            f"{t['drift_nats']:g} nats, mean {t['drift_mean_nats']:g} nats; grid floor |x| {th['grid_floor']:g}"
+        )
+    return out
+
+
+def _findings(r: DiffResult) -> list[str]:
+    f = r.findings()
+    out = []
+    if f["nonfinite_pairs"]:
+        out.append(
+            f"findings: {f['nonfinite_pairs']} pair(s) with a NaN/inf logprob on one side only "
+            f"({f['nonfinite_positions']} position(s))"
+        )
+    if f["truncated_pairs"]:
+        out.append(f"findings: {f['truncated_pairs']} pair(s) with a truncated stream")
+    return out
+
+
+def _header(r: DiffResult, only: Sequence[str] | None = None) -> list[str]:
+    g = r.grids
     lines = [
-        f"A: {r.a}",
-        f"B: {r.b}",
-        f"thresholds: tie {t.tie_ulps:g} ulp (raw logits) / {t.tie_nats:g} nats (logprobs only); "
-        f"drift {t.drift_nats:g} nats",
-        f"EOS ids: {', '.join(map(str, r.eos_ids)) or 'none'} ({r.eos_source})",
+        f"A: {r.a}" + (f"  (grid {g['a'].describe()})" if "a" in g else ""),
+        f"B: {r.b}" + (f"  (grid {g['b'].describe()})" if "b" in g else ""),
+        *_thresholds(r),
+        f"EOS ids: {', '.join(map(str, r.eos_ids))} ({r.eos_source})" if r.eos_ids else f"EOS ids {r.eos_source}",
+        *_findings(r),
     ]
-    return lines + [f"note: {n}" for n in r.notes]
+    if only:
+        shown = sum(p.cls in only for p in r.pairs)
+        lines.append(f"--only {','.join(only)}: listing {shown} of {len(r)} pairs")
+    return lines + [f"note: {n}" for n in r.notes if not n.startswith("EOS ids unknown")]
 
 
-def text(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | None = None) -> str:
-    return "\n".join(_header(r) + [summary_line(r), "", table(r, only, decode)])
+def _failed(r: Failed) -> str:
+    return f"A: {r.a}\nB: {r.b}\ncomparison failed: {r.error}"
 
 
-def markdown(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | None = None) -> str:
+def text(r: DiffResult | Failed, only: Sequence[str] | None = None, decode: Decoder | None = None) -> str:
+    if isinstance(r, Failed):
+        return _failed(r)
+    return "\n".join(_header(r, only) + [summary_line(r), "", table(r, only, decode)])
+
+
+def markdown(r: DiffResult | Failed, only: Sequence[str] | None = None, decode: Decoder | None = None) -> str:
     """A block to paste into a pull request."""
+    if isinstance(r, Failed):
+        return f"**tracekit diff**: comparison failed\n\n- A: {r.a}\n- B: {r.b}\n- error: {r.error}\n"
     head, body = rows(r, only, decode)
 
     def esc(s):
         return str(s).replace("|", "\\|")
 
     body = [[esc(c) for c in row] for row in body]
-    lines = [f"**tracekit diff**: {summary_line(r)}", ""] + [f"- {esc(x)}" for x in _header(r)] + [""]
-    return "\n".join(lines) + "\n" + tabulate(body, headers=head, tablefmt="github", disable_numparse=True) + "\n"
+    lines = [f"**tracekit diff**: {summary_line(r)}", ""] + [f"- {esc(x)}" for x in _header(r, only)] + [""]
+    table_md = tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
+    return "\n".join(lines) + "\n" + table_md + "\n\n" + f"_Legend_: {esc(LEGEND)}\n"
 
 
-def json_doc(results: Sequence[DiffResult]) -> dict:
-    """One JSON document: the `tracekit.diff/1` object for one B, and for
-    several B's the same objects under "comparisons" (each compared with A)."""
+def json_doc(results: Sequence[DiffResult | Failed], only: Sequence[str] | None = None) -> dict:
+    """One JSON document: the `tracekit.diff/2` object for one B, and for
+    several B's the same objects under "comparisons" (each compared with A; a
+    comparison that could not be made is {"schema", "a", "b", "error"})."""
     if len(results) == 1:
-        return results[0].to_json()
-    docs = [r.to_json() for r in results]
-    return {"schema": docs[0]["schema"], "a": results[0].a, "comparisons": docs}
+        return results[0].to_json(only)
+    return {"schema": SCHEMA, "a": results[0].a, "comparisons": [r.to_json(only) for r in results]}
 
 
 def pair_line(p: PairResult) -> str:

@@ -1,21 +1,26 @@
 """DiffResult: the numbers of one A-vs-B comparison (numpy columns inside),
-with the rule text of every verdict and a JSON form (`tracekit.diff/1`).
+with the rule text of every verdict and a JSON form (`tracekit.diff/2`).
 
 A DiffResult also acts as the pass/fail of the comparison: `ok` is False
-when any pair is `unexplained` or `incomparable`.
+when any pair is `unexplained` or `incomparable`. The rule texts live in
+rules.py.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .classify import CLASSES, Thresholds
+from .grid import Grid
+from .rules import rule_text
 
-SCHEMA = "tracekit.diff/1"
+__all__ = ["SCHEMA", "FAILING", "PairResult", "DiffResult", "rule_text"]
+
+SCHEMA = "tracekit.diff/2"
 FAILING = ("unexplained", "incomparable")
 
 
@@ -27,14 +32,15 @@ def _i(x: int) -> int | None:
     return None if int(x) < 0 else int(x)
 
 
-def _flag(c, name: str, i: int) -> bool | None:
-    # Only meaningful where a divergence row exists in both traces.
-    return bool(c[name][i]) if 0 <= c["position"][i] < c["compared"][i] else None
+def _s(x: str) -> str | None:
+    return str(x) or None
 
 
 @dataclass(frozen=True)
 class PairResult:
-    """One pair's verdict and evidence. None = unknown / not applicable."""
+    """One pair's verdict and evidence. None = unknown / not applicable.
+    Side a is the reference A; `*_a` numbers are measured in A, `*_b` in B,
+    except move_a / move_b: how far token_a / token_b moved from A to B."""
 
     key: str
     cls: str
@@ -43,18 +49,38 @@ class PairResult:
     token_b: int | None
     gap_a: float | None  # nats: logprob_A(token_a) - logprob_A(token_b)
     gap_b: float | None  # nats: logprob_B(token_b) - logprob_B(token_a)
-    gap_a_ulp: float | None  # the same gaps in BF16 ULPs of the raw logits
+    gap_a_ulp: float | None  # the same gaps in steps of the pair's grid, from raw logits
     gap_b_ulp: float | None
+    top1_a: int | None  # each side's own top-1 at the position
+    top1_b: int | None
+    below_a: float | None  # nats its chosen token lies below its own top-1 (greedy: ~0)
+    below_b: float | None
+    below_a_ulp: float | None
+    below_b_ulp: float | None
+    move_a: float | None  # logprob_B(token_a) - logprob_A(token_a), nats
+    move_b: float | None  # logprob_B(token_b) - logprob_A(token_b)
+    move_a_ulp: float | None  # the same from raw logits, steps
+    move_b_ulp: float | None
+    agree_a: float | None  # logit gap - logprob gap in A (nats; ~0 when both tell the same)
+    agree_b: float | None
     boundary_a: int | None  # cached_tokens (reused-prefix boundary)
     boundary_b: int | None
     drift_max: float | None  # max |Δ chosen logprob| before the divergence (nats)
     drift_mean: float | None
+    drift_n: int  # positions the drift is measured over
+    nonfinite: int  # positions before the divergence with NaN/inf on one side only
+    nonfinite_pos: int | None
     bitwise: bool  # chosen logprobs bitwise equal before the divergence
     topk_overlap: float | None  # share of A's top-k ids in B's top-k at the divergence
     vllm_close: bool | None  # check_logprobs_close's verdict
     len_a: int
     len_b: int
+    dtype_a: str  # the grid each side is judged on
+    dtype_b: str
+    truncated_a: str | None  # why a stream counts as cut short (checked where it matters)
+    truncated_b: str | None
     rule: str
+    note: str | None = None
     teacher: str | None = None  # the --teacher-forced verdict
     b_in_topk_a: bool | None = None  # when False, gap_a is only a lower bound
     a_in_topk_b: bool | None = None
@@ -64,59 +90,9 @@ class PairResult:
         return {"key": d.pop("key"), "class": self.cls, **d}
 
 
-def rule_text(c: Mapping[str, np.ndarray], i: int, thr: Thresholds) -> str:
-    """Why pair i got its class, with the numbers that decided it."""
-    cls = c["cls"][i]
-    if cls == "incomparable":
-        return c["incomparable"][i]
-    dmax = c["drift_max"][i]
-    drift = "no position before it" if not np.isfinite(dmax) else f"drift {dmax:.3g} nats"
-    if cls == "identical":
-        tail = "chosen logprobs bitwise equal" if c["bitwise"][i] else f"max {drift}"
-        return f"same {c['compared'][i]} token ids; {tail}"
-    t = c["position"][i]
-    if cls == "post_eos":
-        return f"A emitted EOS at {c['eos_pos'][i]} before the first difference at {t}"
-    gaps = f"|gap| A {_gap(c, 'a', i)}, B {_gap(c, 'b', i)}"
-    if cls == "bf16_tie_flip":
-        return f"{gaps} <= tie ({thr.tie_ulps:g} ulp / {thr.tie_nats:g} nats); {drift} <= {thr.drift_nats:g}"
-    if cls == "cache_boundary":
-        return (
-            f"boundaries {c['boundary_a'][i]} vs {c['boundary_b'][i]}; {gaps} <= drift tolerance "
-            f"{thr.drift_nats:g}; {drift}"
-        )
-    return _unexplained_text(c, i, thr, gaps, drift)
-
-
-def _gap(c, side: str, i: int) -> str:
-    nats, ulp = c[f"gap_{side}"][i], c[f"gap_{side}_ulp"][i]
-    other_in = c["b_in_topk_a" if side == "a" else "a_in_topk_b"][i]
-    if not np.isfinite(nats):
-        return "?"
-    s = f"{abs(nats):.4g}" if other_in else f">={abs(nats):.4g}"
-    return s + (f" nats ({abs(ulp):.3g} ulp)" if np.isfinite(ulp) else " nats")
-
-
-def _unexplained_text(c, i: int, thr: Thresholds, gaps: str, drift: str) -> str:
-    if c["position"][i] >= c["compared"][i]:
-        return (
-            f"length mismatch: {c['len_a'][i]} vs {c['len_b'][i]} tokens, identical up to "
-            f"{c['compared'][i]}, no EOS before"
-        )
-    if np.isfinite(c["drift_max"][i]) and c["drift_max"][i] > thr.drift_nats:
-        same = " with identical boundaries" if c["boundary_a"][i] == c["boundary_b"][i] else ""
-        return f"{drift} > {thr.drift_nats:g} before the flip{same}"
-    if not c["b_in_topk_a"][i]:
-        return f"B's token {c['token_b'][i]} not in A's top-k; {gaps}"
-    if not c["a_in_topk_b"][i]:
-        return f"A's token {c['token_a'][i]} not in B's top-k; {gaps}"
-    ba, bb = c["boundary_a"][i], c["boundary_b"][i]
-    why = (
-        f"beyond drift tolerance {thr.drift_nats:g}"
-        if ba != bb and ba >= 0 and bb >= 0
-        else f"boundaries {'equal' if ba == bb else 'unknown'} ({ba} vs {bb})"
-    )
-    return f"{gaps} beyond tie tolerance, {why}"
+def _flag(c, name: str, i: int) -> bool | None:
+    # Only meaningful where a divergence row exists in both traces.
+    return bool(c[name][i]) if 0 <= c["position"][i] < c["compared"][i] else None
 
 
 @dataclass(frozen=True)
@@ -130,6 +106,7 @@ class DiffResult:
     eos_source: str
     columns: Mapping[str, np.ndarray]  # classify() columns + rule + teacher, each [P]
     notes: tuple[str, ...] = ()
+    grids: Mapping[str, Grid] = field(default_factory=dict)  # "a"/"b": the run-level grid
 
     def __len__(self) -> int:
         return len(self.columns["key"])
@@ -137,29 +114,55 @@ class DiffResult:
     def pair(self, i: int) -> PairResult:
         c = self.columns
         vc = int(c["vllm_close"][i])
+        floats = {
+            k: _f(c[k][i])
+            for k in (
+                "gap_a",
+                "gap_b",
+                "gap_a_ulp",
+                "gap_b_ulp",
+                "below_a",
+                "below_b",
+                "below_a_ulp",
+                "below_b_ulp",
+                "move_a",
+                "move_b",
+                "move_a_ulp",
+                "move_b_ulp",
+                "agree_a",
+                "agree_b",
+                "drift_max",
+                "drift_mean",
+                "topk_overlap",
+            )
+        }
         return PairResult(
             key=str(c["key"][i]),
             cls=str(c["cls"][i]),
             position=_i(c["position"][i]),
             token_a=_i(c["token_a"][i]),
             token_b=_i(c["token_b"][i]),
-            gap_a=_f(c["gap_a"][i]),
-            gap_b=_f(c["gap_b"][i]),
-            gap_a_ulp=_f(c["gap_a_ulp"][i]),
-            gap_b_ulp=_f(c["gap_b_ulp"][i]),
+            top1_a=_i(c["top1_a"][i]),
+            top1_b=_i(c["top1_b"][i]),
             boundary_a=_i(c["boundary_a"][i]),
             boundary_b=_i(c["boundary_b"][i]),
-            drift_max=_f(c["drift_max"][i]),
-            drift_mean=_f(c["drift_mean"][i]),
+            drift_n=int(c["drift_n"][i]),
+            nonfinite=int(c["nonfinite"][i]),
+            nonfinite_pos=_i(c["nonfinite_pos"][i]),
             bitwise=bool(c["bitwise"][i]),
-            topk_overlap=_f(c["topk_overlap"][i]),
             vllm_close=None if vc < 0 else bool(vc),
             len_a=int(c["len_a"][i]),
             len_b=int(c["len_b"][i]),
+            dtype_a=str(c["dtype_a"][i]),
+            dtype_b=str(c["dtype_b"][i]),
+            truncated_a=_s(c["trunc_a"][i]),
+            truncated_b=_s(c["trunc_b"][i]),
             rule=str(c["rule"][i]),
+            note=_s(c["note"][i]),
             teacher=c["teacher"][i],
             b_in_topk_a=_flag(c, "b_in_topk_a", i),
             a_in_topk_b=_flag(c, "a_in_topk_b", i),
+            **floats,
         )
 
     @property
@@ -176,37 +179,51 @@ class DiffResult:
         cls = self.columns["cls"]
         return {"pairs": len(self), **{name: int(np.sum(cls == name)) for name in CLASSES}}
 
+    def findings(self) -> dict[str, int]:
+        """Counted whatever the class: one-sided NaN/inf logprobs, truncated streams."""
+        c = self.columns
+        nf = c["nonfinite"]
+        cut = (c["trunc_a"] != "") | (c["trunc_b"] != "")
+        return {
+            "nonfinite_pairs": int((nf > 0).sum()),
+            "nonfinite_positions": int(nf.sum()),
+            "truncated_pairs": int(cut.sum()),
+        }
+
     @property
     def ok(self) -> bool:
         c = self.counts()
         return not any(c[name] for name in FAILING)
 
-    def to_json(self) -> dict[str, Any]:
-        s = self.counts()
-        summary = {
-            k: s[k]
-            for k in (
-                "pairs",
-                "identical",
-                "post_eos",
-                "bf16_tie_flip",
-                "cache_boundary",
-                "unexplained",
-                "incomparable",
-            )
+    def thresholds_json(self) -> dict[str, Any]:
+        """The tolerances in force: per dtype judged, and flat for the most common one."""
+        dts = self.columns["dtype"]
+        used = sorted(set(dts.tolist())) or [self.grids["a"].dtype if self.grids else "bf16"]
+        main = max(used, key=lambda d: int(np.sum(dts == d)))
+        per = self.thresholds.to_json(used)
+        return {
+            "dtype": main,
+            **per[main],
+            "by_dtype": {d: per[d] for d in used},
+            "given": per["given"],
+            "grid_floor": per["grid_floor"],
         }
+
+    def to_json(self, only: Sequence[str] | None = None) -> dict[str, Any]:
+        s = self.counts()
+        order = ("pairs", "identical", "post_eos", "bf16_tie_flip", "cache_boundary", "unexplained", "incomparable")
+        th = self.thresholds_json()
         return {
             "schema": SCHEMA,
             "a": self.a,
             "b": self.b,
-            "summary": summary,
-            "thresholds": {
-                "tie_ulps": self.thresholds.tie_ulps,
-                "tie_nats": self.thresholds.tie_nats,
-                "drift_nats": self.thresholds.drift_nats,
-            },
+            "summary": {k: s[k] for k in order},
+            "findings": self.findings(),
+            "thresholds": th,
+            "grids": {k: {"dtype": g.dtype, "source": g.source, "known": g.known} for k, g in self.grids.items()},
             "eos_token_ids": list(self.eos_ids),
             "eos_source": self.eos_source,
             "notes": list(self.notes),
-            "pairs": [p.to_json() for p in self.pairs],
+            "only": list(only) if only else None,
+            "pairs": [p.to_json() for p in self.pairs if not only or p.cls in only],
         }

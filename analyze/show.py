@@ -1,6 +1,7 @@
 """Drill-down for one request: the tokens around its divergence, side by side,
-with top-k ids, decoded text, logprobs, raw logits and ULP distances. Reads
-only that request's rows. `tracekit show` prints it.
+with top-k ids, decoded text, logprobs, raw logits and their distance to the
+top-1 in steps of the trace's own grid (grid.py: the dtype from the run
+metadata, or the row's). Reads only that request's rows. `tracekit show` prints it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from typing import Any, Callable
 import numpy as np
 from tabulate import tabulate
 
+from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError
 from tracekit.schema import TokenColumns
 from tracekit.store import TraceReader
 
 from .align import parse_select, top1
-from .classify import bf16_ulp
+from .grid import normalise, resolve_dtype, steps
 
 
 def _row_of(r: TraceReader, key: str, select: str | None) -> int:
@@ -49,23 +51,23 @@ def _tokens(r: TraceReader, i: int) -> TokenColumns:
     return TokenColumns(ids, lps, tok.t_arrival_s, tok.topk_id, tok.topk_logprob, tok.topk_logit)
 
 
-def _candidates(tok: TokenColumns, t: int, k: int, decode) -> list[dict[str, Any]]:
-    """Top-k at position t: id, text, logprob, raw logit, distance to top-1 in BF16 ULPs."""
+def _candidates(tok: TokenColumns, t: int, k: int, decode, bits: int) -> list[dict[str, Any]]:
+    """Top-k at position t: id, text, logprob, raw logit, steps below the top-1 on the grid."""
     ids, lps = tok.topk_id[t], tok.topk_logprob[t]
-    lgs = tok.topk_logit[t] if tok.topk_logit is not None else np.full(len(ids), np.nan)
+    lgs = tok.topk_logit[t].astype(np.float64) if tok.topk_logit is not None else np.full(len(ids), np.nan)
     out = []
-    top_logit = lgs[0] if len(lgs) else np.nan
+    top_logit = np.nanmax(lgs) if np.isfinite(lgs).any() else np.nan
     for j in range(min(k, len(ids))):
         if ids[j] < 0:
             break
-        ulp = (top_logit - lgs[j]) / bf16_ulp(max(abs(top_logit), abs(lgs[j]))) if np.isfinite(lgs[j]) else None
+        ulp = steps(top_logit, lgs[j], bits, max(abs(top_logit), abs(lgs[j]))) if np.isfinite(lgs[j]) else None
         out.append(
             {
                 "id": int(ids[j]),
                 "text": decode(int(ids[j])) if decode else None,
                 "logprob": _f(lps[j]),
                 "logit": _f(lgs[j]),
-                "ulp_from_top1": _f(ulp),
+                "ulp_from_top1": _f(ulp),  # steps of the side's grid (dtype below)
             }
         )
     return out
@@ -111,11 +113,14 @@ def drill(
         sides = {"a": _side(ra, ia, ta, t0, topk, decode)}
         if tb is not None:
             sides["b"] = _side(rb, _row_of(rb, key, b_select), tb, t0, topk, decode)
-        return {"schema": "tracekit.show/1", "key": key, "position": t0, "first_difference": div, "rows": rows, **sides}
+        return {"schema": "tracekit.show/2", "key": key, "position": t0, "first_difference": div, "rows": rows, **sides}
 
 
 def _side(r: TraceReader, i: int, tok: TokenColumns, t0: int, topk: int, decode) -> dict[str, Any]:
     rec = r.record(i)
+    grid, _ = resolve_dtype(r.meta.run)
+    dtype = normalise(rec.dtype) or grid.dtype
+    source = "the row's dtype" if normalise(rec.dtype) else grid.source
     return {
         "file": r.path,
         "length": len(tok),
@@ -123,7 +128,8 @@ def _side(r: TraceReader, i: int, tok: TokenColumns, t0: int, topk: int, decode)
         "cached_tokens": rec.cached_tokens if rec.cached_tokens >= 0 else None,
         "history": rec.history or None,
         "dtype": rec.dtype or None,
-        "topk_at_position": _candidates(tok, t0, topk, decode) if t0 < len(tok) else [],
+        "grid": {"dtype": dtype, "source": source},
+        "topk_at_position": _candidates(tok, t0, topk, decode, DTYPES[dtype].mantissa_bits) if t0 < len(tok) else [],
     }
 
 
@@ -169,6 +175,7 @@ def render(d: dict[str, Any]) -> str:
                 f"{name.upper()}: {s['file']}  length {s['length']}  finish {s['finish_reason'] or '?'}  "
                 f"cached_tokens {s['cached_tokens'] if s['cached_tokens'] is not None else '?'}"
                 + (f"  history {s['history']} {s['dtype'] or ''}" if s["history"] else "")
+                + f"  grid {s['grid']['dtype']} ({s['grid']['source']})"
             )
     lines += ["", tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)]
     for name in ("a", "b"):
@@ -189,7 +196,7 @@ def render(d: dict[str, Any]) -> str:
                 f"top-k of {name.upper()} at position {d['position']}:",
                 tabulate(
                     cand,
-                    headers=["rank", "id", "text", "logprob", "logit", "ulp from top-1"],
+                    headers=["rank", "id", "text", "logprob", "logit", f"{d[name]['grid']['dtype']} ulp below top-1"],
                     tablefmt="simple",
                     disable_numparse=True,
                 ),

@@ -8,6 +8,8 @@ top-k row (the chosen id first with logprob -0.01 / logit 10, then filler ids
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +33,7 @@ class Req:
     history: str = ""
     dtype: str = ""
     phash: str | None = None
+    params: dict | None = None  # the request body as capture records it (temperature, max_tokens, ...)
 
 
 def _columns(r: Req, k: int, raw: bool) -> TokenColumns:
@@ -77,6 +80,7 @@ def write_trace(
                 dtype=r.dtype,
                 http_status=200 if r.status == "ok" else 500,
                 error="" if r.status == "ok" else "boom",
+                params=json.dumps(r.params) if r.params is not None else "",
             )
             w.append(rec, _columns(r, k, raw), r.prompt, flush=False)
         w.flush()
@@ -90,3 +94,13 @@ def flip(
     first = (a_tok, lp_a) if logit_a is None else (a_tok, lp_a, logit_a)
     second = (b_tok, lp_b) if logit_b is None else (b_tok, lp_b, logit_b)
     return [first, second] + [(1000 + i, -6.0 - i, 1.0 - i) for i in range(1, 8)]
+
+
+def logit_row(cands: list[tuple[int, float]], filler: tuple[float, ...] = (4.0, 3.0, 2.0)) -> list[tuple]:
+    """A top-k row from raw logits: (id, logprob, logit) with logprobs the log-softmax
+    over the candidates plus filler ids 1000+ (so logits and logprobs tell the same gaps)."""
+    vals = [x for _, x in cands] + list(filler)
+    m = max(vals)
+    z = m + math.log(sum(math.exp(v - m) for v in vals))
+    out = [(i, x - z, x) for i, x in cands] + [(1000 + j, x - z, x) for j, x in enumerate(filler)]
+    return sorted(out, key=lambda c: -c[2])

@@ -1,25 +1,26 @@
 """Every class and every rule boundary of the divergence taxonomy, on traces
-built by hand through the real store (analyze_builders.py)."""
+built by hand through the real store (analyze_builders.py). The bugs each
+benign rule must not excuse are in test_soundness.py; the grid in test_grid.py."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from analyze_builders import EOS, Req, flip, write_trace
+from analyze_builders import EOS, Req, flip, logit_row, write_trace
 
-from analyze import Thresholds, bf16_ulp, diff
+from analyze import Thresholds, diff
 from tracekit.errors import AlignmentError, ConfigError
 
 BASE = [5, 6, 7, 8, 9, 10]
+BF16 = {"dtype": "bf16"}
 
 
 def one(tmp_path, ra: Req, rb: Req, k: int = 5, raw: bool = False, kb: int | None = None, raw_b=None, **kw):
     """Diff one pair (plus an identical anchor pair) and return the pair's result."""
     anchor = Req("anchor", [5, 6])
-    a = write_trace(tmp_path / "a.h5", [anchor, ra], k=k, raw=raw)
-    b = write_trace(tmp_path / "b.h5", [anchor, rb], k=kb or k, raw=raw if raw_b is None else raw_b)
+    run = kw.pop("run", BF16)
+    a = write_trace(tmp_path / "a.h5", [anchor, ra], k=k, raw=raw, run=run)
+    b = write_trace(tmp_path / "b.h5", [anchor, rb], k=kb or k, raw=raw if raw_b is None else raw_b, run=run)
     r = diff(a, b, **kw)
     assert r.by_key("anchor").cls == "identical"
     return r.by_key(ra.key)
@@ -37,14 +38,15 @@ def with_flip(tokens, t, b_tok):
 def test_identical_bitwise(tmp_path):
     p = one(tmp_path, Req("k", BASE), Req("k", BASE))
     assert (p.cls, p.bitwise, p.drift_max, p.drift_mean, p.vllm_close) == ("identical", True, 0.0, 0.0, True)
-    assert p.position is None and p.rule.startswith("same 6 token ids")
+    assert p.position is None and p.rule.startswith("same 6 token ids") and p.drift_n == 6
 
 
 def test_identical_reports_drift(tmp_path):
-    """Same ids but different logprobs: still identical, with the drift as evidence."""
+    """Same ids, logprobs moved within tolerance: identical, with the drift as evidence."""
     p = one(tmp_path, Req("k", BASE, lp={1: -0.5, 3: -0.25}), Req("k", BASE))
     assert p.cls == "identical" and not p.bitwise
     assert p.drift_max == pytest.approx(0.49) and p.drift_mean == pytest.approx((0.49 + 0.24) / 6)
+    assert "drift max 0.49 / mean 0.122 nats over 6 positions <= 0.5 / 0.135" in p.rule
 
 
 # -- post_eos --------------------------------------------------------------------
@@ -54,7 +56,9 @@ def test_flip_right_after_eos_is_post_eos(tmp_path):
     a = [5, EOS, 7, 8]
     p = one(tmp_path, Req("k", a), Req("k", with_flip(a, 2, 9)))
     assert (p.cls, p.position, p.token_a, p.token_b) == ("post_eos", 2, 7, 9)
-    assert "EOS at 1" in p.rule
+    assert "EOS (id 2) at 1 before the first difference at 2" in p.rule
+    # B's token is far outside A's top-k: benign (after EOS), but said.
+    assert p.note and "more than numeric noise" in p.note
 
 
 def test_flip_at_the_eos_position_is_not_post_eos(tmp_path):
@@ -74,66 +78,74 @@ def test_eos_at_last_position_and_longer_b_is_post_eos(tmp_path):
     assert (p.cls, p.position, p.token_a, p.token_b, p.len_a, p.len_b) == ("post_eos", 3, None, 8, 3, 5)
 
 
-def test_eos_inferred_from_stop_rows_when_metadata_has_none(tmp_path):
+def test_eos_is_never_inferred_from_stop_rows(tmp_path):
+    """No EOS id in the metadata: a stop row's last token is NOT taken as EOS (a stop
+    string is not an EOS); post_eos cannot fire, and the result says how to fix it."""
     anchor = Req("anchor", [5, 6])
     a = write_trace(tmp_path / "a.h5", [anchor, Req("s", [5, 77], finish="stop"), Req("k", [5, 77, 8])], eos=None)
     b = write_trace(tmp_path / "b.h5", [anchor, Req("s", [5, 77], finish="stop"), Req("k", [5, 77, 9])], eos=None)
     r = diff(a, b)
-    assert r.eos_ids == (77,) and "inferred" in r.eos_source
-    assert r.by_key("k").cls == "post_eos"
-    r = diff(a, b, eos=[3])  # an explicit id replaces the inference
-    assert r.eos_ids == (3,) and r.by_key("k").cls == "unexplained"
+    assert r.eos_ids == () and r.eos_source.startswith("unknown: post_eos cannot fire; pass --eos")
+    assert any("EOS ids unknown" in n for n in r.notes)
+    assert r.by_key("k").cls == "unexplained"
+    r = diff(a, b, eos=[77])  # told: now it is an EOS
+    assert r.eos_ids == (77,) and r.eos_source == "--eos" and r.by_key("k").cls == "post_eos"
+
+
+def test_eos_from_a_model_directory(tmp_path):
+    """--tokenizer DIR: EOS ids from the model's own files (generation_config.json)."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "generation_config.json").write_text('{"eos_token_id": [77, 78]}')
+    a = write_trace(tmp_path / "a.h5", [Req("k", [5, 77, 8])], eos=None)
+    b = write_trace(tmp_path / "b.h5", [Req("k", [5, 77, 9])], eos=None)
+    r = diff(a, b, tokenizer=str(d))
+    assert r.eos_ids == (77, 78) and r.eos_source == f"--tokenizer {d}" and r.pairs[0].cls == "post_eos"
 
 
 # -- bf16_tie_flip, logprobs only --------------------------------------------------
 
 
-@pytest.mark.parametrize("lp_other,expect", [(-0.625, "bf16_tie_flip"), (-0.6250001, "unexplained")])
+@pytest.mark.parametrize("lp_other,expect", [(-1.0, "bf16_tie_flip"), (-1.0000001, "unexplained")])
 def test_tie_nats_boundary_is_inclusive(tmp_path, lp_other, expect):
-    """A gap of exactly --tie-nats (0.125, exact in binary) is a tie; one float32 step more is not."""
+    """A gap of exactly --tie-nats (0.5 for bf16, exact in binary) is a tie; one float32 step more is not."""
     ra = Req("k", BASE, rows={2: flip(7, 99, -0.5, lp_other)})
-    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.625)})
+    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -1.0)})
     p = one(tmp_path, ra, rb)
     assert p.cls == expect
-    assert p.gap_a == -0.5 - float(np.float32(lp_other)) and p.gap_b == 0.125  # float32 inputs, exact math
+    assert p.gap_a == -0.5 - float(np.float32(lp_other)) and p.gap_b == 0.5  # float32 inputs, exact math
     assert p.gap_a_ulp is None and p.vllm_close is True and p.topk_overlap == 1.0
 
 
 def test_tie_nats_option_moves_the_boundary(tmp_path):
-    ra = Req("k", BASE, rows={2: flip(7, 99, -0.5, -0.7)})
-    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.7)})
-    assert one(tmp_path, ra, rb).cls == "unexplained"
-    assert one(tmp_path, ra, rb, tie_nats=0.2).cls == "bf16_tie_flip"
+    ra = Req("k", BASE, rows={2: flip(7, 99, -0.5, -0.8)})
+    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.8)})
+    assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
+    p = one(tmp_path, ra, rb, tie_nats=0.2)
+    assert p.cls == "unexplained" and "beyond the tie tolerance 0.2 nats" in p.rule
 
 
-# -- bf16_tie_flip, raw logits (ULPs) ---------------------------------------------
+# -- bf16_tie_flip, raw logits (steps of the grid) -----------------------------------
 
 
-def test_bf16_ulp_formula():
-    assert bf16_ulp(np.array([1.0, 4.0, 5.9, 8.0, -8.5, 0.3])).tolist() == [2**-7, 2**-5, 2**-5, 2**-4, 2**-4, 2**-9]
-
-
-@pytest.mark.parametrize("logit_other,expect,ulps", [(3.875, "bf16_tie_flip", 4.0), (3.84375, "unexplained", 5.0)])
-def test_tie_ulps_boundary_is_inclusive(tmp_path, logit_other, expect, ulps):
-    """At |logit| 4 the BF16 ULP is 1/32: a gap of exactly 4 ULPs is a tie, 5 is not
-    (the logprob gap, 0.3 nats, is ignored when raw logits exist)."""
-    ra = Req("k", BASE, rows={2: flip(7, 99, -0.5, -0.8, 4.0, logit_other)})
-    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.8, 4.0, 3.875)})
+@pytest.mark.parametrize("logit_other,expect,steps", [(4.125, "bf16_tie_flip", 4.0), (4.09375, "unexplained", 5.0)])
+def test_tie_ulps_boundary_is_inclusive(tmp_path, logit_other, expect, steps):
+    """In [4, 8) the BF16 grid is spaced 1/32: a gap of exactly 4 steps is a tie, 5 is not."""
+    ra = Req("k", BASE, rows={2: logit_row([(7, 4.25), (99, logit_other)])})
+    rb = Req("k", with_flip(BASE, 2, 99), rows={2: logit_row([(99, 4.25), (7, 4.125)])})
     p = one(tmp_path, ra, rb, raw=True)
-    assert (p.cls, p.gap_a_ulp, p.gap_b_ulp) == (expect, ulps, 4.0)
-    assert p.gap_a == pytest.approx(0.3)
+    assert (p.cls, p.gap_a_ulp, p.gap_b_ulp) == (expect, steps, 4.0)
+    assert p.gap_a == pytest.approx(4.25 - logit_other, abs=1e-6)
 
 
-def test_logprobs_only_vs_raw_logits(tmp_path):
-    """The same flip: a tie in ULPs when logits exist, not a tie in nats without them;
-    with logits on one side only, each side is judged with what it has."""
-    ra = Req("k", BASE, rows={2: flip(7, 99, -0.5, -0.8, 4.0, 3.9375)})
-    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.8, 4.0, 3.9375)})
+def test_each_side_is_judged_with_what_it_has(tmp_path):
+    """Raw logits on one side only: that side's gap in steps, the other's in nats."""
+    ra = Req("k", BASE, rows={2: logit_row([(7, 10.0), (99, 9.875)])})
+    rb = Req("k", with_flip(BASE, 2, 99), rows={2: logit_row([(99, 10.0), (7, 9.875)])})
     assert one(tmp_path, ra, rb, raw=True).cls == "bf16_tie_flip"
-    assert one(tmp_path, ra, rb, raw=False).cls == "unexplained"
     mixed = one(tmp_path, ra, rb, raw=True, raw_b=False)
-    assert mixed.gap_a_ulp == 2.0 and mixed.gap_b_ulp is None and mixed.cls == "unexplained"
-    assert one(tmp_path, ra, rb, raw=True, raw_b=False, tie_nats=0.31).cls == "bf16_tie_flip"
+    assert mixed.gap_a_ulp == 2.0 and mixed.gap_b_ulp is None and mixed.gap_b == pytest.approx(0.125)
+    assert mixed.cls == "bf16_tie_flip" and "A 2 ulp <= 4 ulp, B 0.125 nats <= 0.5 nats" in mixed.rule
 
 
 def test_tie_with_large_drift_before_is_unexplained(tmp_path):
@@ -141,7 +153,8 @@ def test_tie_with_large_drift_before_is_unexplained(tmp_path):
     ra = Req("k", BASE, lp={1: -1.0}, rows={2: flip(7, 99, -0.5, -0.55)})
     rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.55)})
     p = one(tmp_path, ra, rb)
-    assert p.cls == "unexplained" and p.drift_max == pytest.approx(0.99) and "drift" in p.rule
+    assert p.cls == "unexplained" and p.drift_max == pytest.approx(0.99)
+    assert "logprobs drift 0.99 nats before the flip > 0.5 (bf16)" in p.rule
     assert one(tmp_path, ra, rb, drift_nats=1.0).cls == "bf16_tie_flip"
 
 
@@ -149,20 +162,32 @@ def test_tie_with_large_drift_before_is_unexplained(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "lp_other,cached_b,expect",
+    "steps,cached_b,expect",
     [
-        (-0.8, 8, "cache_boundary"),  # 0.3 nats: beyond tie, within drift
-        (-1.0, 8, "cache_boundary"),  # exactly the drift tolerance (0.5)
-        (-1.0000001, 8, "unexplained"),  # just beyond it
-        (-0.8, 16, "unexplained"),  # same boundary on both sides
-        (-0.8, -1, "unexplained"),  # B's boundary unknown: not "different"
+        (8, 8, "cache_boundary"),  # beyond the tie tolerance (4), within the drift tolerance (16)
+        (16, 8, "cache_boundary"),  # exactly the drift tolerance
+        (17, 8, "unexplained"),  # just beyond it
+        (8, 16, "unexplained"),  # same boundary on both sides
+        (8, -1, "unexplained"),  # B's boundary unknown: not "different"
     ],
 )
-def test_cache_boundary_rule(tmp_path, lp_other, cached_b, expect):
-    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.5, lp_other)})
-    rb = Req("k", with_flip(BASE, 2, 99), cached=cached_b, rows={2: flip(99, 7, -0.5, -0.6)})
-    p = one(tmp_path, ra, rb)
+def test_cache_boundary_rule(tmp_path, steps, cached_b, expect):
+    """Raw logits in [8, 16) (BF16 spacing 1/16): gaps of `steps` steps in both traces."""
+    lo = 10.0 - steps / 16
+    ra = Req("k", BASE, cached=16, rows={2: logit_row([(7, 10.0), (99, lo)])})
+    rb = Req("k", with_flip(BASE, 2, 99), cached=cached_b, rows={2: logit_row([(99, 10.0), (7, lo)])})
+    p = one(tmp_path, ra, rb, raw=True)
     assert p.cls == expect and (p.boundary_a, p.boundary_b) == (16, None if cached_b < 0 else cached_b)
+    assert (p.gap_a_ulp, p.gap_b_ulp) == (steps, steps)
+
+
+def test_cache_boundary_with_logprobs_only(tmp_path):
+    """Without logits the boundary class needs a nats gap between --tie-nats and --drift-nats
+    (the BF16 defaults are equal: such a flip is called a tie, with the same evidence)."""
+    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.5, -0.8)})
+    rb = Req("k", with_flip(BASE, 2, 99), cached=8, rows={2: flip(99, 7, -0.5, -0.8)})
+    assert one(tmp_path, ra, rb, tie_nats=0.125).cls == "cache_boundary"
+    assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
 
 
 def test_tie_wins_over_cache_boundary(tmp_path):
@@ -178,13 +203,13 @@ def test_token_outside_topk_is_unexplained_and_fails_vllm_rule(tmp_path):
     p = one(tmp_path, Req("k", BASE), Req("k", with_flip(BASE, 3, 4242)))
     assert (p.cls, p.position, p.vllm_close, p.b_in_topk_a) == ("unexplained", 3, False, False)
     assert p.gap_a == pytest.approx(9.0 - 0.01, abs=1e-6)  # lower bound: to the lowest top-k entry
-    assert "not in A's top-k" in p.rule
+    assert "B's token 4242 not in A's top-k (gap >= 8.99 nats)" in p.rule
 
 
 def test_different_lengths_without_eos_is_unexplained(tmp_path):
     p = one(tmp_path, Req("k", BASE), Req("k", BASE[:4]))
     assert (p.cls, p.position, p.len_a, p.len_b, p.token_a, p.token_b) == ("unexplained", 4, 6, 4, 9, None)
-    assert "length mismatch" in p.rule and p.vllm_close is True
+    assert "length mismatch: 6 vs 4 tokens, identical up to 4" in p.rule and p.vllm_close is True
 
 
 def test_different_topk_widths(tmp_path):
@@ -255,12 +280,17 @@ def test_empty_traces_and_same_file_are_errors(tmp_path):
         diff(c, c)
 
 
-def test_thresholds_are_validated():
+def test_thresholds_are_validated_and_default_per_dtype():
     with pytest.raises(ConfigError, match="drift-nats"):
         Thresholds(tie_nats=0.5, drift_nats=0.1)
     with pytest.raises(ConfigError, match="tie-ulps"):
         Thresholds(tie_ulps=-1)
-    assert math.isclose(Thresholds().tie_nats, 4 * 2**-5)  # 4 BF16 ULPs at |logit| in [4, 8)
+    with pytest.raises(ConfigError, match=r"--drift-nats \(0.000488281 for fp32\) must be >= --tie-nats"):
+        Thresholds(tie_nats=0.2).for_dtype("fp32")  # a given tie above the fp32 default drift
+    bf16, fp32 = Thresholds().for_dtype("bf16"), Thresholds().for_dtype("fp32")
+    assert (bf16.tie_ulps, bf16.tie_nats, bf16.drift_nats) == (4, 0.5, 0.5)
+    assert fp32.tie_ulps == 64 and fp32.drift_nats == 2**-11
+    assert Thresholds(tie_ulps=2).for_dtype("fp32").tie_ulps == 2  # a given value applies to every dtype
 
 
 def test_traces_without_topk_cannot_prove_a_tie(tmp_path):

@@ -73,7 +73,7 @@ def test_diff_json_is_one_document_with_the_schema(files):
     a, b, ok = files
     p = tk("diff", a, b, "--json")
     d = json.loads(p.stdout)
-    assert d["schema"] == "tracekit.diff/1" and (d["a"], d["b"]) == (a, b)
+    assert d["schema"] == "tracekit.diff/2" and (d["a"], d["b"]) == (a, b)
     assert d["summary"] == {
         "pairs": 4,
         "identical": 1,

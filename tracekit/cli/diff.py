@@ -7,6 +7,7 @@ import json
 import click
 
 from analyze.classify import CLASSES as CLASS_NAMES  # light: numpy and the store, no torch
+from analyze.classify import DEFAULTS
 
 EPILOG = """\b
 Examples:
@@ -14,33 +15,34 @@ Examples:
   tracekit diff serial.h5 concurrent.h5 --markdown --only unexplained
   tracekit diff http.h5 diag.h5 --b-select history=full,dtype=fp32 --json
   tracekit diff serial.h5 prefix_on.h5 --teacher-forced diag.h5
+  tracekit diff vllm_a.h5 vllm_b.h5 --dtype bf16 --tokenizer ./model   # metadata without dtype / EOS
 """
+
+
+def _per_dtype(field: str) -> str:
+    return "default per dtype: " + ", ".join(f"{d} {getattr(t, field):g}" for d, t in DEFAULTS.items())
+
+
+def _tol_option(name: str, field: str, what: str):
+    return click.option(name, field, type=float, default=None, help=f"{what} ({_per_dtype(field)}).")
 
 
 @click.command(epilog=EPILOG)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.diff/1).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.diff/2).")
 @click.option("--markdown", is_flag=True, help="Print a markdown block to paste into a pull request.")
+@_tol_option("--tie-ulps", "tie_ulps", "Tie tolerance in steps of the run's grid, from raw logits")
+@_tol_option("--drift-ulps", "drift_ulps", "Movement / cache_boundary tolerance in grid steps, from raw logits")
+@_tol_option("--tie-nats", "tie_nats", "Tie tolerance in nats, traces with logprobs only")
+@_tol_option("--drift-nats", "drift_nats", "Max |Δ chosen logprob| before the difference; movement in nats")
+@_tol_option("--drift-mean-nats", "drift_mean_nats", "Mean |Δ chosen logprob| bound (one spike allowed)")
 @click.option(
-    "--tie-ulps",
-    type=float,
-    default=4.0,
-    show_default=True,
-    help="Tie tolerance in BF16 ULPs at the logits' magnitude (traces with raw logits).",
+    "--grid-floor", type=float, default=1.0, show_default=True, help="The grid is never finer than at this |logit|."
 )
 @click.option(
-    "--tie-nats",
-    type=float,
-    default=0.125,
-    show_default=True,
-    help="Tie tolerance in nats (traces with logprobs only).",
-)
-@click.option(
-    "--drift-nats",
-    type=float,
-    default=0.5,
-    show_default=True,
-    help="Drift tolerance: pre-divergence |Δlogprob| and cache_boundary gaps.",
+    "--dtype",
+    type=click.Choice(tuple(DEFAULTS)),
+    help="Judge both traces on this grid (default: each trace's run metadata, else assumed bf16 and said).",
 )
 @click.option(
     "--teacher-forced",
@@ -52,46 +54,65 @@ Examples:
     "--only",
     multiple=True,
     type=click.Choice(CLASS_NAMES),
-    help="List only pairs of this class (repeatable); the summary still counts all.",
+    help="List only pairs of this class (repeatable; also in --json); the summary still counts all.",
 )
-@click.option("--tokenizer", type=click.Path(), help="Tokenizer directory to decode tokens (default: run metadata).")
+@click.option(
+    "--tokenizer",
+    type=click.Path(),
+    help="Model/tokenizer directory: decodes tokens and gives EOS ids (default: the run metadata's).",
+)
 @click.option("--a-select", help="Rows of A to compare, e.g. history=full,dtype=fp32 (teacher-forced files).")
 @click.option("--b-select", help="Rows of B (and C ...) to compare.")
 @click.option("--eos", multiple=True, type=int, help="EOS token id (repeatable), added to the run metadata's.")
-def cmd(
-    files, as_json, markdown, tie_ulps, tie_nats, drift_nats, teacher, only, tokenizer, a_select, b_select, eos
-) -> int:
+def cmd(files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a_select, b_select, eos, **tol) -> int:
     """Pair requests by key (FILES[0] is the reference A; every other file is
     compared with it) and classify each pair: identical, post_eos, bf16_tie_flip,
     cache_boundary, unexplained or incomparable. Exit 0 when no pair is
-    unexplained or incomparable, 1 otherwise."""
+    unexplained or incomparable, 1 otherwise, 3 when a comparison could not be
+    made (the others are still printed)."""
     if len(files) < 2 and not (a_select and b_select):
         raise click.UsageError("give at least two traces: A (the reference) and B")
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
     from analyze import diff, report
+    from analyze.classify import Thresholds
+    from tracekit.errors import TracekitError
 
-    others = files[1:] or files[:1]
-    results = [
-        diff(
-            files[0],
-            b,
-            tie_ulps=tie_ulps,
-            tie_nats=tie_nats,
-            drift_nats=drift_nats,
-            a_select=a_select,
-            b_select=b_select,
-            eos=eos,
-            teacher=teacher,
-        )
-        for b in others
-    ]
+    thr = Thresholds(grid_floor=grid_floor, **tol)
+    results, errors = [], []
+    for b in files[1:] or files[:1]:
+        try:
+            results.append(
+                diff(
+                    files[0],
+                    b,
+                    thresholds=thr,
+                    a_select=a_select,
+                    b_select=b_select,
+                    eos=eos,
+                    tokenizer=tokenizer,
+                    dtype=dtype,
+                    teacher=teacher,
+                )
+            )
+        except TracekitError as e:
+            if len(files) <= 2:
+                raise
+            results.append(report.Failed(files[0], b, str(e)))
+            errors.append(e)
+    if errors and len(errors) == len(results):
+        raise errors[0]
     if as_json:
-        click.echo(json.dumps(report.json_doc(results), indent=1))
+        click.echo(json.dumps(report.json_doc(results, only), indent=1))
     else:
         decode = _decoder(files[0], tokenizer)
         fmt = report.markdown if markdown else report.text
         click.echo("\n\n".join(fmt(r, only, decode) for r in results))
+    for r in results:
+        if isinstance(r, report.Failed):
+            click.echo(f"Error: {r.a} vs {r.b}: {r.error}", err=True)
+    if errors:
+        return 3
     return 0 if all(r.ok for r in results) else 1
 
 

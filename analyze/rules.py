@@ -1,0 +1,173 @@
+"""The rule text of every verdict: why pair i got its class, with the numbers.
+
+A benign text states each part of the claim with its numbers and tolerance; an
+`unexplained` text names every check that failed ("B chose token 9, 11.1 nats
+below its own top-1 5"; "same 6 token ids, but logprobs drift 5.99 nats").
+Formatting only: the decisions are made in classify.py.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+C = Mapping[str, np.ndarray]
+
+
+def _n(x: float, fmt: str = ".3g") -> str:
+    return format(float(x), fmt) if np.isfinite(x) else "?"
+
+
+def _signed(x: float) -> str:
+    return f"{float(x):+.3g}" if np.isfinite(x) else "?"
+
+
+def _dist(c: C, i: int, name: str, signed: bool = False) -> str:
+    """A distance measured in steps when raw logits gave it, else in nats."""
+    ulp, nats = c[f"{name}_ulp"][i] if f"{name}_ulp" in c else np.nan, c[name][i]
+    fmt = _signed if signed else (lambda x: _n(abs(x)))
+    return f"{fmt(ulp)} ulp" if np.isfinite(ulp) else f"{fmt(nats)} nats"
+
+
+def _unit(c: C, i: int, name: str) -> str:
+    return "ulps" if f"{name}_ulp" in c and np.isfinite(c[f"{name}_ulp"][i]) else "nats"
+
+
+def _tol(c: C, i: int, kind: str, name: str) -> str:
+    """The tolerance `kind` (tie|drift) in the unit `name` was measured in."""
+    u = _unit(c, i, name)
+    return f"{c[f'tol_{kind}_{u}'][i]:g} {u[:-1] if u == 'ulps' else u}"
+
+
+def _mean_bound(c: C, i: int, n: int) -> float:
+    x, m = c["tol_drift_nats"][i], c["tol_drift_mean_nats"][i]
+    return m + (x - m) / max(n, 1)
+
+
+def drift_text(c: C, i: int, prefix: str = "") -> str:
+    """'drift max 0.052 / mean 0.0081 nats over 25 positions <= 0.5 / 0.08' (benign form)."""
+    mx, mean, n = c[f"{prefix}drift_max"][i], c[f"{prefix}drift_mean"][i], int(c[f"{prefix}drift_n"][i])
+    if not np.isfinite(mx):
+        return "no logprob to compare before it" if not n else "drift ?"
+    return (
+        f"drift max {_n(mx)} / mean {_n(mean)} nats over {n} positions <= "
+        f"{c['tol_drift_nats'][i]:g} / {_n(_mean_bound(c, i, n))}"
+    )
+
+
+def drift_failures(c: C, i: int, prefix: str = "", where: str = "before the flip") -> list[str]:
+    out = []
+    at = f" {where}" if where else ""
+    nf, pos = int(c[f"{prefix}nonfinite"][i]), int(c[f"{prefix}nonfinite_pos"][i])
+    if nf:
+        va, vb = c["nonfinite_a"][i], c["nonfinite_b"][i]
+        seen = f" (A {va:.4g} vs B {vb:.4g})" if not prefix else ""
+        out.append(f"a logprob is NaN/inf on one side only at {nf} position(s){at}, first at {pos}{seen}")
+    mx, mean, n = c[f"{prefix}drift_max"][i], c[f"{prefix}drift_mean"][i], int(c[f"{prefix}drift_n"][i])
+    if np.isfinite(mx) and mx > c["tol_drift_nats"][i]:
+        out.append(f"logprobs drift {_n(mx)} nats{at} > {c['tol_drift_nats'][i]:g} ({c['dtype'][i]})")
+    elif np.isfinite(mean) and mean > _mean_bound(c, i, n):
+        out.append(
+            f"mean drift {_n(mean)} nats over {n} positions{at} > {_n(_mean_bound(c, i, n))} "
+            f"({c['dtype'][i]}: {c['tol_drift_mean_nats'][i]:g} + one spike of {c['tol_drift_nats'][i]:g} / {n})"
+        )
+    return out
+
+
+def rule_text(c: C, i: int) -> str:
+    """Why pair i got its class, with the numbers that decided it."""
+    cls = c["cls"][i]
+    if cls == "incomparable":
+        return c["incomparable"][i]
+    if cls == "identical":
+        return _identical(c, i)
+    t = c["position"][i]
+    if cls == "post_eos":
+        return (
+            f"A emitted EOS (id {c['eos_id'][i]}) at {c['eos_pos'][i]} before the first "
+            f"difference at {t}; up to the EOS: {drift_text(c, i, 'sound_')}; both streams complete"
+            + (f"; note: {c['note'][i]}" if c["note"][i] else "")
+        )
+    if cls in ("bf16_tie_flip", "cache_boundary"):
+        return _benign_flip(c, i)
+    return "; ".join(_failures(c, i)) or "no benign rule applies"
+
+
+def _identical(c: C, i: int) -> str:
+    n = c["compared"][i]
+    if c["bitwise"][i]:
+        tail = "chosen logprobs bitwise equal"
+    elif c["drift_n"][i] == 0:
+        tail = "drift not verified: a side stored no logprobs"
+    else:
+        tail = drift_text(c, i)
+    return f"same {n} token ids; {tail} ({c['dtype'][i]})"
+
+
+def _benign_flip(c: C, i: int) -> str:
+    kind = "tie" if c["cls"][i] == "bf16_tie_flip" else "drift"
+    head = (
+        f"tie on the {c['dtype'][i]} grid"
+        if kind == "tie"
+        else f"boundaries {c['boundary_a'][i]} vs {c['boundary_b'][i]}, a numeric-size gap on the {c['dtype'][i]} grid"
+    )
+    return (
+        f"{head}: |gap| A {_dist(c, i, 'gap_a')} <= {_tol(c, i, kind, 'gap_a')}, "
+        f"B {_dist(c, i, 'gap_b')} <= {_tol(c, i, kind, 'gap_b')}; each chose its own top-1; "
+        f"moved A->B: token {c['token_a'][i]} {_dist(c, i, 'move_a', True)}, token {c['token_b'][i]} "
+        f"{_dist(c, i, 'move_b', True)} <= {_tol(c, i, 'drift', 'move_a')}; {drift_text(c, i)}"
+    )
+
+
+def _failures(c: C, i: int) -> list[str]:
+    """Every check that failed, most telling first."""
+    t, out = c["position"][i], []
+    if c["eos_pos"][i] >= 0:
+        out += drift_failures(c, i, "sound_", "up to A's EOS")
+        out += [f"{s}'s stream {c[f'trunc_{s.lower()}'][i]}" for s in ("A", "B") if c[f"trunc_{s.lower()}"][i]]
+    if t >= c["compared"][i]:  # identical ids over the shorter stream, lengths differ
+        if c["eos_pos"][i] < 0:
+            out.append(
+                f"length mismatch: {c['len_a'][i]} vs {c['len_b'][i]} tokens, identical up to {c['compared'][i]}, "
+                "no EOS before" + ("" if c["eos_known"][i] else " (EOS ids unknown)")
+            )
+            out += [f"{s}'s stream {c[f'trunc_{s.lower()}'][i]}" for s in ("A", "B") if c[f"trunc_{s.lower()}"][i]]
+        return out
+    if t < 0:  # same tokens, same length: identical ids, but not sound
+        return [f"same {c['compared'][i]} token ids, but " + f for f in drift_failures(c, i, "", "")] or out
+    out += drift_failures(c, i)
+    ta, tb = c["token_a"][i], c["token_b"][i]
+    for s, o, tok, other in (("A", "B", ta, tb), ("B", "A", tb, ta)):
+        x = s.lower()
+        if not c[("b_in_topk_a" if x == "a" else "a_in_topk_b")][i]:
+            out.append(f"{o}'s token {other} not in {s}'s top-k (gap >= {_n(abs(c[f'gap_{x}'][i]))} nats)")
+        if not c[f"own_in_topk_{x}"][i]:
+            out.append(f"{s} chose token {tok}, not in its own top-k (top-1 {c[f'top1_{x}'][i]})")
+        elif not c[f"greedy_ok_{x}"][i]:
+            out.append(
+                f"{s} chose token {tok}, {_dist(c, i, f'below_{x}')} below its own top-1 {c[f'top1_{x}'][i]} "
+                f"(greedy: <= {_tol(c, i, 'tie', f'below_{x}')})"
+            )
+        if not c[f"agree_ok_{x}"][i]:
+            lg = c[f"gap_{x}"][i] + c[f"agree_{x}"][i]
+            out.append(
+                f"{s}'s logits and logprobs disagree: logit gap {_n(lg)}, logprob gap {_n(c[f'gap_{x}'][i])} nats "
+                f"(differ by {_n(abs(c[f'agree_{x}'][i]))} > {_n(c[f'agree_tol_{x}'][i])})"
+            )
+    for x, tok in (("a", c["token_a"][i]), ("b", c["token_b"][i])):
+        if (c["b_in_topk_a"][i] and c["a_in_topk_b"][i]) and not c[f"move_ok_{x}"][i]:
+            out.append(
+                f"token {tok} moved {_dist(c, i, f'move_{x}', True)} from A to B (> {_tol(c, i, 'drift', f'move_{x}')})"
+            )
+    if c["b_in_topk_a"][i] and c["a_in_topk_b"][i] and not (c["tie_ok_a"][i] and c["tie_ok_b"][i]):
+        gaps = f"|gap| A {_dist(c, i, 'gap_a')}, B {_dist(c, i, 'gap_b')}"
+        ba, bb = c["boundary_a"][i], c["boundary_b"][i]
+        if c["boundary_differs"][i]:
+            if not (c["num_ok_a"][i] and c["num_ok_b"][i]):
+                tol = _tol(c, i, "drift", "gap_a")
+                out.append(f"{gaps} beyond the drift tolerance {tol} (boundaries {ba} vs {bb})")
+        else:
+            why = "equal" if ba == bb else "unknown"
+            out.append(f"{gaps} beyond the tie tolerance {_tol(c, i, 'tie', 'gap_a')}, boundaries {why} ({ba} vs {bb})")
+    return out
