@@ -187,6 +187,10 @@ class App:
             raise BadRequest(f"request body not received within {self.cfg.read_timeout_s:g} s", status=408) from None
         except web.HTTPRequestEntityTooLarge:
             raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes", status=413) from None
+        except ConnectionError:
+            # The client left before its body was read (in Python 3.11 wait_for can surface this
+            # instead of the handler's cancellation): nobody is there to answer.
+            raise BadRequest("client closed the connection before sending its body", status=499) from None
         if len(raw) > MAX_BODY_BYTES:
             raise BadRequest(f"request body is larger than {MAX_BODY_BYTES} bytes", status=413)
         try:
