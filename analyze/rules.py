@@ -70,7 +70,8 @@ def drift_failures(c: C, i: int, prefix: str = "", where: str = "before the flip
     elif np.isfinite(mean) and mean > _mean_bound(c, i, n):
         out.append(
             f"mean drift {_n(mean)} nats over {n} positions{at} > {_n(_mean_bound(c, i, n))} "
-            f"({c['dtype'][i]}: {c['tol_drift_mean_nats'][i]:g} + one spike of {c['tol_drift_nats'][i]:g} / {n})"
+            f"({c['dtype'][i]}: {c['tol_drift_mean_nats'][i]:g} + ({c['tol_drift_nats'][i]:g} - "
+            f"{c['tol_drift_mean_nats'][i]:g}) / {n})"
         )
     return out
 
@@ -158,16 +159,19 @@ def _failures(c: C, i: int) -> list[str]:
     for x, tok in (("a", c["token_a"][i]), ("b", c["token_b"][i])):
         if (c["b_in_topk_a"][i] and c["a_in_topk_b"][i]) and not c[f"move_ok_{x}"][i]:
             out.append(
-                f"token {tok} moved {_dist(c, i, f'move_{x}', True)} from A to B (> {_tol(c, i, 'drift', f'move_{x}')})"
+                f"token {tok} moved {_dist(c, i, f'move_{x}', True)} from A to B "
+                f"(> {_tol(c, i, 'drift', f'move_{x}')}, {c['dtype'][i]})"
             )
     if c["b_in_topk_a"][i] and c["a_in_topk_b"][i] and not (c["tie_ok_a"][i] and c["tie_ok_b"][i]):
         gaps = f"|gap| A {_dist(c, i, 'gap_a')}, B {_dist(c, i, 'gap_b')}"
-        ba, bb = c["boundary_a"][i], c["boundary_b"][i]
+        ba, bb = (str(x) if x >= 0 else "?" for x in (c["boundary_a"][i], c["boundary_b"][i]))
+        dt = c["dtype"][i]
         if c["boundary_differs"][i]:
             if not (c["num_ok_a"][i] and c["num_ok_b"][i]):
                 tol = _tol(c, i, "drift", "gap_a")
-                out.append(f"{gaps} beyond the drift tolerance {tol} (boundaries {ba} vs {bb})")
+                out.append(f"{gaps} beyond the drift tolerance {tol} ({dt}; boundaries {ba} vs {bb})")
         else:
-            why = "equal" if ba == bb else "unknown"
-            out.append(f"{gaps} beyond the tie tolerance {_tol(c, i, 'tie', 'gap_a')}, boundaries {why} ({ba} vs {bb})")
+            why = "unknown" if "?" in (ba, bb) else "equal"
+            tol = _tol(c, i, "tie", "gap_a")
+            out.append(f"{gaps} beyond the tie tolerance {tol} ({dt}), boundaries {why} ({ba} vs {bb})")
     return out

@@ -285,11 +285,11 @@ def test_thresholds_are_validated_and_default_per_dtype():
         Thresholds(tie_nats=0.5, drift_nats=0.1)
     with pytest.raises(ConfigError, match="tie-ulps"):
         Thresholds(tie_ulps=-1)
-    with pytest.raises(ConfigError, match=r"--drift-nats \(0.000488281 for fp32\) must be >= --tie-nats"):
+    with pytest.raises(ConfigError, match=r"--drift-nats \(0.00012207 for fp32\) must be >= --tie-nats"):
         Thresholds(tie_nats=0.2).for_dtype("fp32")  # a given tie above the fp32 default drift
     bf16, fp32 = Thresholds().for_dtype("bf16"), Thresholds().for_dtype("fp32")
     assert (bf16.tie_ulps, bf16.tie_nats, bf16.drift_nats) == (4, 0.5, 0.5)
-    assert fp32.tie_ulps == 64 and fp32.drift_nats == 2**-11
+    assert fp32.tie_ulps == 64 and fp32.drift_nats == 2**-13 and fp32.drift_mean_nats == 2**-16
     assert Thresholds(tie_ulps=2).for_dtype("fp32").tie_ulps == 2  # a given value applies to every dtype
 
 
