@@ -1,0 +1,47 @@
+"""`tracekit stats RUN.h5 [...]`: reproducibility over repeats of the same prompts."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+EPILOG = """\b
+Examples:
+  tracekit capture --http URL --prompts P.jsonl --repeat 200 --concurrency 8 --out run.h5
+  tracekit stats run.h5 --plot stats.png
+  tracekit stats run.h5 --reference r0 --json
+"""
+
+
+@click.command(epilog=EPILOG)
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.stats/1).")
+@click.option(
+    "--reference",
+    type=click.Choice(["mode", "r0"]),
+    default="mode",
+    show_default=True,
+    help="What each completion is compared with: the most common completion of its prompt, or repeat 0.",
+)
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG: first-split histogram, flip rate by gap.")
+def cmd(files, as_json, reference, plot) -> int:
+    """Over K repeats of each prompt (`tracekit capture --repeat K`, keys id#r<k>; rows of
+    one prompt are pooled across FILES): unique completions per prompt, where they first
+    split from the reference, and the flip rate as a function of the reference's top-2 gap
+    at that position. Exit 0 when it ran (a split is the finding, not a failure)."""
+    from analyze.stats import reproducibility
+    from analyze.stats_report import plot as plot_png
+    from analyze.stats_report import text_report
+
+    result = reproducibility(list(files), reference=reference)
+    if plot:
+        plot_png(result, plot)
+        click.echo(f"plot: {plot}", err=True)
+    if as_json:
+        doc = result.to_json()
+        doc["plot"] = plot
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(text_report(result))
+    return 0
