@@ -1,0 +1,330 @@
+"""`tracekit explain`, analysis side: the cause of each flip, named from the variant rows.
+
+The capture side (`capture/explain/`) reran every divergent pair under
+controlled variants and wrote each run as a trace row whose `params` JSON
+carries `explain: {target, variant, role, repeat, config}`. Here each run of
+the target is scored at the pair's first differing position t:
+
+- `B` / `A`: it chose B's / A's token at t, after A's exact tokens before t;
+- `early`: it already left A's tokens before t; `other`: a third token at t;
+  `failed`: not ok, or shorter than t + 1.
+
+A run that chose B's token is **numeric** when its chosen-token logprobs
+before t stay within `drift_nats` of A's and, at t, A's and B's tokens are
+both in its top-k within `drift_nats` of each other: a near-tie that tipped,
+not a different computation. Only numeric runs reproduce a flip.
+
+The verdict (first rule that fires), with counts:
+
+1. `nondeterminism`: one alone variant (fixed boundary, no batch mates) gave
+   both tokens: the engine's own run-to-run nondeterminism.
+2. `prefix_reuse`: alone at B's boundary gives B's token, alone at A's
+   boundary never does (a boundary of 0 is the cold run).
+3. `batch_composition`: the burst with B's batch mates gives B's token, alone
+   at B's boundary never does.
+4. `cache_history`: no live variant reproduces it, but a teacher-forced
+   history other than `full` in B's dtype picks B's token where `full` picks A's.
+5. `unresolved`: B's token in every live run, A's in none: A's own conditions
+   were not replayed.
+6. `bug`: not reproduced by any numeric variant. A pair whose class was benign
+   lands here loudly.
+
+Which side is right: the side whose token the FP32 `full`-history argmax picks
+(teacher-forced), else the FP32 configuration's cold runs (the majority).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracekit.store import TraceReader
+
+from .explain_runs import Scorer, VariantCount, read_teacher, read_variants
+from .grid import resolve_dtype
+
+BENIGN = ("bf16_tie_flip", "cache_boundary", "post_eos")
+OK_KINDS = ("nondeterminism", "prefix_reuse", "batch_composition", "cache_history")
+
+
+@dataclass(frozen=True)
+class PairExplanation:
+    key: str
+    klass: str
+    position: int
+    token_a: int
+    token_b: int
+    boundary_a: int
+    boundary_b: int
+    mates: int
+    kind: str  # one of OK_KINDS, "unresolved" or "bug"
+    cause: str
+    loud: bool
+    right: str  # which side agrees with the FP32 reference, in words
+    right_side: str | None  # "A" | "B" | "neither" | None (no FP32 reference)
+    variants: tuple[VariantCount, ...]
+    teacher: dict  # "history dtype" -> top-1 id at t
+    evidence: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.kind in OK_KINDS and not self.loud
+
+    def as_dict(self) -> dict:
+        return {
+            "key": self.key,
+            "class": self.klass,
+            "position": self.position,
+            "token_a": self.token_a,
+            "token_b": self.token_b,
+            "boundary_a": self.boundary_a,
+            "boundary_b": self.boundary_b,
+            "batch_mates": self.mates,
+            "kind": self.kind,
+            "cause": self.cause,
+            "loud": self.loud,
+            "right": self.right,
+            "right_side": self.right_side,
+            "variants": [v.as_dict() for v in self.variants],
+            "teacher": self.teacher,
+            "evidence": list(self.evidence),
+        }
+
+
+def _frac(vc: VariantCount | None, what: str) -> str:
+    return "n/a" if vc is None else f"{getattr(vc, what)}/{vc.n}"
+
+
+def _where(b: int) -> str:
+    return "0 (cold)" if b == 0 else str(b)
+
+
+def _side_variant(counts: dict, config: str, b: int) -> VariantCount | None:
+    """The alone run at boundary b: warm:b, or the cold run for b == 0."""
+    if b == 0:
+        return counts.get((config, "alone:cold"))
+    return counts.get((config, f"warm:{b}")) if b > 0 else None
+
+
+def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates: int) -> tuple[str, str]:
+    """(kind, cause text) by the rules of the module docstring, for the `engine` config."""
+    ba, bb = int(p["boundary_a"]), int(p["boundary_b"])
+    eng = {v: c for (cfg, v), c in counts.items() if cfg == "engine"}
+    alone = [c for v, c in eng.items() if v != "burst"]
+    for c in alone:
+        if c.a and c.b:
+            at = c.variant.removeprefix("warm:") if c.variant.startswith("warm:") else c.variant
+            return "nondeterminism", (
+                f"cause: run-to-run nondeterminism — alone ({at}), B's token in {c.b}/{c.n} runs, A's in {c.a}/{c.n}"
+            )
+    vb, va = _side_variant(counts, "engine", bb), _side_variant(counts, "engine", ba)
+    if ba != bb and vb is not None and va is not None and vb.b_numeric and not va.b:
+        return "prefix_reuse", (
+            f"cause: prefix reuse — B's token in {vb.b_numeric}/{vb.n} alone at B's boundary {_where(bb)}, "
+            f"0/{va.n} at A's boundary {_where(ba)}"
+        )
+    burst = eng.get("burst")
+    if burst is not None and burst.b_numeric and vb is not None and not vb.b:
+        return "batch_composition", (
+            f"cause: batch composition — B's token in {burst.b_numeric}/{burst.n} bursts with its {mates} batch "
+            f"mates from B, 0/{vb.n} alone at the same boundary {_where(bb)}"
+        )
+    live = ", ".join(f"{c.b_numeric}/{c.n} {c.variant}" for c in eng.values())
+    full = teacher.get(f"full {b_dtype}")
+    hits = [h for h, tok in teacher.items() if h.endswith(f" {b_dtype}") and not h.startswith("full ")]
+    hits = [h for h in hits if teacher[h] == p["token_b"]]
+    if full == p["token_a"] and hits:
+        return "cache_history", (
+            f"cause: cache history — teacher-forced {', '.join(hits)} picks B's token, full {b_dtype} A's; "
+            f"no live variant reproduced it ({live or 'none ran'})"
+        )
+    runs = [c for c in eng.values()]
+    if runs and all(c.a == 0 for c in runs) and sum(c.b_numeric for c in runs) == sum(c.n for c in runs):
+        n = sum(c.n for c in runs)
+        return "unresolved", (
+            f"unresolved — B's token in all {n} live runs, A's in none: A's own conditions (its batch, its "
+            "cache state) were not replayed"
+        )
+    extra = [
+        f"B's token came back in {c.b}/{c.n} {c.variant} runs, but not numerically "
+        f"(drift {c.worst[0]:.3g} nats before t, gap {c.worst[1]:.3g} nats at t)"
+        for c in eng.values()
+        if c.b > c.b_numeric and c.worst is not None
+    ]
+    early = [
+        f"{c.early}/{c.n} {c.variant} runs left A's tokens before t (first at {c.first_early})"
+        for c in eng.values()
+        if c.early
+    ]
+    gaps = [g for c in eng.values() if c.variant != "burst" for g in c.gaps]
+    if gaps:
+        extra.append(
+            f"alone, A's and B's tokens are {min(gaps):.3g}-{max(gaps):.3g} nats apart at t: a near-tie that "
+            "the live variants did not tip; more --repeats may"
+            if max(gaps) <= 0.125
+            else f"alone, A's and B's tokens are {min(gaps):.3g}-{max(gaps):.3g} nats apart at t"
+        )
+    tail = f" ({'; '.join(([live] if live else []) + extra + early)})"
+    return "bug", "not reproduced by any numeric variant — report as a bug" + tail
+
+
+def right_side(p: dict, teacher: dict[str, int], counts: dict) -> tuple[str, str | None]:
+    """Which side agrees with the FP32 reference: the teacher-forced full fp32 argmax, else the
+    majority token of the FP32 configuration's cold runs."""
+    ref, what = teacher.get("full fp32"), "the FP32 full-history argmax (teacher-forced)"
+    if ref is None:
+        c = counts.get(("fp32", "alone:cold")) or counts.get(("fp32", "alone"))
+        if c is not None and max(c.a, c.b) > c.n / 2:
+            ref = p["token_a"] if c.a > c.b else p["token_b"]
+            what = f"the FP32 configuration's alone runs ({max(c.a, c.b)}/{c.n})"
+    if ref is None:
+        return "unknown: no FP32 reference (give --teacher-forced MODEL_DIR or --fp32-url)", None
+    if ref == p["token_a"]:
+        return f"A agrees with {what} (token {ref}); B rounded away from it", "A"
+    if ref == p["token_b"]:
+        return f"B agrees with {what} (token {ref}); A rounded away from it", "B"
+    return f"neither: {what} is token {ref}", "neither"
+
+
+def config_lines(counts: dict) -> list[str]:
+    """One line per other configuration (deterministic, fp32): the tokens its runs chose."""
+    out = []
+    for config, name in (("deterministic", "deterministic configuration"), ("fp32", "FP32 configuration")):
+        cs = [c for (cfg, _), c in sorted(counts.items()) if cfg == config]
+        if not cs:
+            continue
+        n, a, b = sum(c.n for c in cs), sum(c.a for c in cs), sum(c.b for c in cs)
+        per = ", ".join(
+            f"{c.variant} A {c.a}/{c.n} B {c.b}/{c.n}" + (f" early {c.early}" if c.early else "") for c in cs
+        )
+        line = f"{name}: A's token in {a}/{n} runs, B's in {b}/{n} ({per})"
+        if config == "deterministic":
+            line += " — STILL FLIPS: not batch-variant numerics" if a and b else " — one token whatever the batch"
+        out.append(line)
+    return out
+
+
+@dataclass(frozen=True)
+class ExplainResult:
+    a: str
+    b: str
+    pairs: tuple[PairExplanation, ...]
+    skipped: tuple[str, ...]  # keys not explained, with the reason
+    notes: tuple[str, ...]
+    drift_nats: float
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.pairs)
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(p.kind for p in self.pairs)
+        return {k: c.get(k, 0) for k in (*OK_KINDS, "unresolved", "bug")} | {"loud": sum(p.loud for p in self.pairs)}
+
+    def to_json(self) -> dict:
+        return {
+            "schema": "tracekit.explain/1",
+            "a": self.a,
+            "b": self.b,
+            "summary": self.counts(),
+            "drift_nats": self.drift_nats,
+            "skipped": list(self.skipped),
+            "notes": list(self.notes),
+            "pairs": [p.as_dict() for p in self.pairs],
+        }
+
+
+def select_pairs(a: str, b: str, keys: list[str] | None = None, **diff_opts) -> tuple[list[dict], list[str], dict]:
+    """(pairs to explain, skipped 'key: reason' lines, the diff document). Pairs are the
+    divergent ones (a first differing position), or `keys` when given."""
+    from .compare import diff
+
+    doc = diff(a, b, **diff_opts).to_json()
+    by_key = {p["key"]: p for p in doc["pairs"]}
+    chosen = keys if keys else [p["key"] for p in doc["pairs"] if p["class"] not in ("identical", "incomparable")]
+    pairs, skipped = [], []
+    for k in chosen:
+        p = by_key.get(k)
+        if p is None:
+            skipped.append(f"{k}: not in A or B")
+        elif p["class"] == "incomparable":
+            skipped.append(f"{k}: incomparable ({p['rule']})")
+        elif p["position"] is None or p["token_a"] is None or p["token_b"] is None:
+            skipped.append(f"{k}: {p['class']}, no differing token to replay")
+        else:  # unknown boundaries are null in the diff document, -1 here (as in a trace)
+            pairs.append({**p, **{k: -1 if p[k] is None else int(p[k]) for k in ("boundary_a", "boundary_b")}})
+    return pairs, skipped, doc
+
+
+def explain(
+    a: str,
+    b: str,
+    pairs: list[dict],
+    variants: list[str],
+    teacher: str | None = None,
+    mates: dict[str, int] | None = None,
+    skipped: list[str] = (),
+    drift_nats: float = 0.5,
+    notes: list[str] = (),
+) -> ExplainResult:
+    """Score the variant traces (and the teacher-forced trace) of `pairs` and name each cause."""
+    with TraceReader(a) as ra, TraceReader(b) as rb:
+        b_dtype = resolve_dtype(rb.meta.run)[0].dtype
+        rows = ra.requests.index_by_key()
+        scorers = {}
+        for p in pairs:
+            cols = ra.tokens(rows[p["key"]])
+            scorers[p["key"]] = Scorer(p, cols.token_id, cols.logprob.astype(np.float64), drift_nats)
+    notes = list(notes) + read_variants(list(variants), scorers)
+    tf = read_teacher(teacher, {p["key"]: p for p in pairs}) if teacher else {}
+    out = []
+    for p in pairs:
+        counts, tk = scorers[p["key"]].counts, tf.get(p["key"], {})
+        m = (mates or {}).get(p["key"], 0)
+        kind, cause = verdict(p, counts, tk, b_dtype, m)
+        loud = kind == "bug" and p["class"] in BENIGN
+        right, side = right_side(p, tk, counts)
+        ev = config_lines(counts)
+        if tk:
+            ev.append(
+                "teacher-forced top-1 at t: "
+                + ", ".join(
+                    f"{h} {'A' if v == p['token_a'] else 'B' if v == p['token_b'] else v}"
+                    for h, v in sorted(tk.items())
+                )
+            )
+        for c in counts.values():
+            want = (
+                int(c.variant.split(":")[1])
+                if c.variant.startswith("warm:")
+                else 0
+                if c.variant == "alone:cold"
+                else None
+            )
+            if c.config == "engine" and want is not None and set(c.boundaries) - {want}:
+                ev.append(f"{c.variant} runs reported reused prefixes {dict(c.boundaries)}, not only {want}")
+        if loud:
+            cause = f"LOUD: classified {p['class']} (benign), but {cause}"
+        out.append(
+            PairExplanation(
+                p["key"],
+                p["class"],
+                int(p["position"]),
+                int(p["token_a"]),
+                int(p["token_b"]),
+                int(p["boundary_a"]),
+                int(p["boundary_b"]),
+                m,
+                kind,
+                cause,
+                loud,
+                right,
+                side,
+                tuple(counts.values()),
+                tk,
+                tuple(ev),
+            )
+        )
+    return ExplainResult(str(a), str(b), tuple(out), tuple(skipped), tuple(notes), drift_nats)

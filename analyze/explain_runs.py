@@ -1,0 +1,146 @@
+"""Scoring the runs of `tracekit explain`: each variant run of a pair, at its first
+differing position t, against A's tokens (see `analyze.explain` for the outcomes
+and what makes a run numeric), and the teacher-forced top-1 at t."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracekit.store import TraceReader
+
+
+@dataclass
+class VariantCount:
+    """The runs of one (config, variant) for one pair."""
+
+    config: str
+    variant: str
+    n: int = 0
+    a: int = 0
+    b: int = 0
+    b_numeric: int = 0
+    other: int = 0
+    early: int = 0
+    failed: int = 0
+    boundaries: Counter = field(default_factory=Counter)  # reported cached_tokens of the runs
+    first_early: int | None = None
+    worst: tuple[float, float] | None = None  # (drift, gap) of the least numeric B run
+    gaps: list = field(default_factory=list)  # |logprob(A's token) - logprob(B's token)| at t, runs that reached t
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("config", "variant", "n", "a", "b", "b_numeric", "other", "early", "failed")}
+        d["boundaries"] = {str(k): v for k, v in sorted(self.boundaries.items())}
+        d["first_early"] = self.first_early
+        d["worst_b_run"] = None if self.worst is None else {"drift_nats": self.worst[0], "gap_nats": self.worst[1]}
+        return d
+
+
+def _tag(params: str) -> dict | None:
+    try:
+        tag = json.loads(params).get("explain") if params else None
+    except (ValueError, AttributeError):
+        return None
+    return tag if isinstance(tag, dict) else None
+
+
+def _gap(ids: np.ndarray, lps: np.ndarray, a: int, b: int) -> float | None:
+    """|logprob(a) - logprob(b)| in one top-k row, or None when either is missing."""
+    where = {int(i): float(lp) for i, lp in zip(ids, lps) if i >= 0}
+    if a not in where or b not in where:
+        return None
+    return abs(where[a] - where[b])
+
+
+class Scorer:
+    """Scores variant runs against one pair: A's tokens and logprobs up to t."""
+
+    def __init__(self, pair: dict, a_ids: np.ndarray, a_lps: np.ndarray, drift_nats: float, mates: int = 0):
+        self.p, self.t = pair, int(pair["position"])
+        self.a_ids, self.a_lps, self.drift_nats = a_ids[: self.t], a_lps[: self.t], drift_nats
+        self.counts: dict[tuple[str, str], VariantCount] = {}
+        self.mates = mates
+
+    def add(self, config: str, variant: str, status: str, cached: int, cols) -> None:
+        vc = self.counts.setdefault((config, variant), VariantCount(config, variant))
+        vc.n += 1
+        vc.boundaries[int(cached)] += 1
+        t = self.t
+        if status != "ok" or cols is None or len(cols) <= t:
+            vc.failed += 1
+            return
+        ids = cols.token_id
+        d = np.flatnonzero(ids[:t] != self.a_ids)
+        if len(d):
+            vc.early += 1
+            vc.first_early = int(d[0]) if vc.first_early is None else min(vc.first_early, int(d[0]))
+            return
+        tok = int(ids[t])
+        gap = _gap(cols.topk_id[t], cols.topk_logprob[t], self.p["token_a"], self.p["token_b"])
+        if gap is not None:
+            vc.gaps.append(gap)
+        if tok == self.p["token_a"]:
+            vc.a += 1
+        elif tok == self.p["token_b"]:
+            vc.b += 1
+            with np.errstate(all="ignore"):
+                diffs = np.abs(cols.logprob[:t].astype(np.float64) - self.a_lps)
+            drift = float(np.nanmax(diffs)) if t and np.isfinite(diffs).any() else 0.0
+            if t and np.isnan(diffs).any():
+                drift = float("inf")  # a NaN never hides drift
+            g = float("inf") if gap is None else gap
+            if drift <= self.drift_nats and g <= self.drift_nats:
+                vc.b_numeric += 1
+            elif vc.worst is None or max(drift, g) > max(vc.worst):
+                vc.worst = (drift, g)
+        else:
+            vc.other += 1
+
+
+def read_variants(paths: list[str], scorers: dict[str, Scorer]) -> list[str]:
+    """Score every target row of the variant traces; returns notes (cache availability)."""
+    notes = []
+    for path in paths:
+        with TraceReader(path) as r:
+            ex = r.meta.run.get("explain") or {}
+            flush = ex.get("cache_flush") or {}
+            if flush and not flush.get("available"):
+                notes.append(
+                    f"{ex.get('config', '?')} ({r.meta.run.get('target')}): cold variant unavailable: "
+                    f"{flush.get('reason', '')}"
+                )
+            t = r.requests
+            for i in range(len(t)):
+                tag = _tag(t.params[i])
+                if not tag or tag.get("role") != "target" or tag.get("target") not in scorers:
+                    continue
+                cols = r.tokens(i) if t.status[i] == "ok" else None
+                scorers[tag["target"]].add(
+                    tag.get("config", "engine"), tag["variant"], t.status[i], t.cached_tokens[i], cols
+                )
+    return notes
+
+
+def read_teacher(path: str, pairs: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """key -> {"<history> <dtype>": top-1 id at the pair's position t} (largest raw logit,
+    lowest id on an exact tie, as greedy engines choose)."""
+    out: dict[str, dict[str, int]] = {}
+    with TraceReader(path) as r:
+        t = r.requests
+        for i in range(len(t)):
+            p = pairs.get(t.key[i])
+            if p is None or int(t.n_tokens[i]) <= int(p["position"]):
+                continue
+            cols = r.tokens(i)
+            pos = int(p["position"])
+            ids = cols.topk_id[pos]
+            score = cols.topk_logit[pos] if cols.topk_logit is not None else cols.topk_logprob[pos]
+            ok = (ids >= 0) & np.isfinite(score)
+            if not ok.any():
+                continue
+            best = np.max(score[ok])
+            out.setdefault(t.key[i], {})[f"{t.history[i]} {t.dtype[i]}"] = int(np.min(ids[ok & (score == best)]))
+    return out

@@ -1,0 +1,63 @@
+"""The teacher-forced side of `tracekit explain`: replay each target's exact tokens
+outside the engine (capture.teacher's public API) under the histories that matter.
+
+Each target becomes one `TokenSequence`: its prompt ids plus A's generated ids
+up to and including the first differing position t, so the last scored
+position is t (A and B agree before t, so the replay sees B's prefix too).
+Histories: `full` (no cache: the reference), `decode` (prefill, then one
+token a step, as serving does), and `prefix:b` for B's and A's reused-prefix
+boundaries, each in every asked dtype. A `prefix:b` history is computed for
+every target whose inputs are longer than b (one run serves all targets);
+the analysis reads each target's own boundaries. A boundary of 0 or unknown
+has no prefix history: that side's replay is `full` (said in the report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracekit.schema import prompt_hash
+
+from ..teacher import DiagnosticConfig, DiagnosticSummary, HistorySpec, TokenSequence, run_diagnostic
+from .plan import Target
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    model_dir: str
+    out: str
+    dtypes: tuple[str, ...] = ("fp32", "bf16")
+    device: str = "cpu"
+    top_logprobs: int = 5
+
+
+def sequences(targets: list[Target]) -> list[TokenSequence]:
+    return [
+        TokenSequence(
+            key=t.key,
+            prompt_ids=np.asarray(t.prompt, np.int64),
+            gen_ids=np.asarray(t.a_tokens, np.int64),
+            prompt_hash=prompt_hash(list(t.prompt)),
+            cached_tokens=-1,
+        )
+        for t in targets
+    ]
+
+
+def histories(targets: list[Target]) -> tuple[HistorySpec, ...]:
+    bounds = sorted({b for t in targets for b in (t.boundary_b, t.boundary_a) if b > 0})
+    return (HistorySpec("full"), HistorySpec("decode")) + tuple(HistorySpec("prefix", b) for b in bounds)
+
+
+def replay(cfg: ReplayConfig, targets: list[Target]) -> DiagnosticSummary:
+    """Write the teacher-forced rows of every target to cfg.out."""
+    dcfg = DiagnosticConfig(
+        model_dir=cfg.model_dir,
+        histories=histories(targets),
+        dtypes=tuple(cfg.dtypes),
+        device=cfg.device,
+        topk=cfg.top_logprobs,
+    )
+    return run_diagnostic(dcfg, sequences(targets), cfg.out, extra_run={"explain": [t.key for t in targets]})
