@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as e:  # `tracekit` alone: the help, as click prints it
+        click.echo(e.format_message(), err=True)
+        sys.exit(e.exit_code)
     except click.UsageError as e:  # exit 2, one line that says where to look
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
         click.echo(f"Error: {_one_line(e.format_message())}{hint}", err=True)

@@ -10,9 +10,11 @@ import numpy as np
 from ..store import TraceReader
 
 
-def summarize(path: str) -> dict:
-    """Everything `inspect` reports, as JSON-able data."""
+def summarize(path: str, verify: bool = True) -> dict:
+    """Everything `inspect` reports, as JSON-able data. The trace's structure is checked
+    when it opens; `verify` also reads every token and prompt row (damaged chunks)."""
     with TraceReader(path) as r:
+        verified = r.verify() if verify else None
         t = r.requests
         lay = r.layout
         out = {
@@ -31,6 +33,7 @@ def summarize(path: str) -> dict:
             "vocab_size": lay.vocab_size or None,
             "cached_tokens_reported": int(np.sum(t.cached_tokens >= 0)),
             "run": r.meta.run,
+            "verified_bytes": verified,
         }
         if r.meta.source == "teacher_forced":
             out["histories"] = sorted(set(t.history.tolist()))
@@ -38,12 +41,16 @@ def summarize(path: str) -> dict:
     return out
 
 
-@click.command(epilog="Example: tracekit inspect traces/demo/groups/ref.bf16.cache-on.code16.out32/serial.h5 --json")
+@click.command(epilog="\b\nExample:\n  tracekit inspect fixtures/format/v1/reference.h5 --json")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def cmd(file: str, as_json: bool) -> None:
-    """Validate a trace FILE and show its metadata, counts and columns."""
-    s = summarize(file)
+@click.option("--quick", is_flag=True, help="Check the structure only; skip reading every token row.")
+def cmd(file: str, as_json: bool, quick: bool) -> None:
+    """Validate a trace FILE and show its metadata, counts and columns.
+
+    Exit 0 when the trace is whole; 3 with one `Error:` line naming the damaged
+    dataset otherwise. A capture killed mid-run is rebuilt from its journal first."""
+    s = summarize(file, verify=not quick)
     if as_json:
         click.echo(json.dumps(s, indent=2, sort_keys=True))
         return
@@ -59,6 +66,8 @@ def cmd(file: str, as_json: bool) -> None:
         f"{'V=' + str(s['vocab_size']) if s['full_logits'] else 'no'}"
     )
     click.echo(f"cached_tokens reported on {s['cached_tokens_reported']}/{s['requests']} requests")
+    vb = s["verified_bytes"]
+    click.echo(f"checked: {'structure only (--quick)' if vb is None else f'every row read ({vb:,} bytes)'}")
     if "histories" in s:
         click.echo(f"histories: {', '.join(s['histories'])}  dtypes: {', '.join(s['dtypes'])}")
     run = s["run"]
