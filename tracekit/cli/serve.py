@@ -83,6 +83,12 @@ def _fault(ctx, param, value):
     help="TESTING ONLY: serve reused prefix-cache blocks from another block (a block-ownership bug), "
     "or scaled by 1 + EPS * fixed-seed normal noise (a graded fault).",
 )
+@click.option(
+    "--batch-invariant",
+    is_flag=True,
+    help="Deterministic mode: each decode row computed as if alone, prefill split only at blocks "
+    "(outputs independent of batch mates; slower).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log engine internals to stderr.")
 def cmd(
     model_dir,
@@ -102,6 +108,7 @@ def cmd(
     api_key_env,
     served_model_name,
     inject_fault,
+    batch_invariant,
     verbose,
 ) -> None:
     """Serve a causal LM over an OpenAI-compatible /v1/completions API.
@@ -117,6 +124,10 @@ def cmd(
     check_model_dir(model_dir)  # before binding: a bad directory is one `Error:` line, exit 3
     if inject_fault and no_prefix_cache:
         raise click.UsageError("--inject-fault changes reused prefix-cache blocks: drop --no-prefix-cache")
+    if batch_invariant and prefill_chunk % block_size:
+        raise click.UsageError(
+            "--batch-invariant splits a prefill only at blocks: make --prefill-chunk a multiple of --block-size"
+        )
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)
@@ -139,6 +150,7 @@ def cmd(
         served_name=served_model_name,
         threads=threads,
         prefill_chunk=prefill_chunk,
+        batch_invariant=batch_invariant,
         read_timeout_s=read_timeout_s,
     )
     asyncio.run(serve(cfg))

@@ -74,6 +74,7 @@ class ModelExecutor:
         device: str = "cpu",
         slots: int = 4,
         max_context: int | None = None,
+        batch_invariant: bool = False,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -101,6 +102,7 @@ class ModelExecutor:
         limit = int(getattr(tcfg, "max_position_embeddings", 2048))
         self.max_context = min(max_context or min(limit, 4096), limit)
         self.slots = slots
+        self.batch_invariant = batch_invariant  # decode each row in its own forward (--batch-invariant)
         self.eos_ids = self._eos_ids(path)
         # All KV in one buffer, so a decode step gathers every layer's padded batch in one op:
         # [slots, layers, 2 (K, V), Hkv, max_context, D], model dtype.
@@ -162,7 +164,11 @@ class ModelExecutor:
 
         Returns logits [B, V]; each slot's KV grows by one position. While the batch keeps its
         rows, its left-padded KV persists between steps and grows in place (no per-step copy).
+        With batch_invariant, each row runs alone (a batch of one, no padding): bitwise what a
+        serial run computes, whatever its batch mates.
         """
+        if self.batch_invariant and len(slots) > 1:
+            return torch.cat([self.decode([s], [n], [i]) for s, n, i in zip(slots, lengths, next_ids)])
         b = self._batch
         if b is None or b.slots != tuple(slots) or b.lengths != list(lengths) or b.n + 1 > b.cap:
             b = self._batch = self._build_batch(slots, lengths)

@@ -55,6 +55,7 @@ class ServeConfig:
     served_name: str | None = None
     threads: int = 0
     prefill_chunk: int = 0
+    batch_invariant: bool = False  # decode rows one by one, prefill split only at blocks
     read_timeout_s: float = 30.0  # first request's headers, and each request body, must arrive within this
 
 
@@ -85,7 +86,9 @@ class App:
 
             hf_logging.disable_progress_bar()
         c = self.cfg
-        self.executor = ModelExecutor(c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context)
+        self.executor = ModelExecutor(
+            c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context, batch_invariant=c.batch_invariant
+        )
         cache = PrefixCache(c.block_size, c.cache_blocks, parse_fault(c.fault)) if c.prefix_cache else None
         self.engine = Engine(
             self.executor, cache, post=self.loop.call_soon_threadsafe, threads=c.threads, prefill_chunk=c.prefill_chunk
@@ -108,6 +111,7 @@ class App:
             "block_size": c.block_size,
             "prefix_cache": c.prefix_cache,
             "prefill_chunk": c.prefill_chunk,
+            "batch_invariant": c.batch_invariant,
             "inject_fault": c.fault,
             "model_type": r.model_type,
             "model_dir": os.path.abspath(c.model_dir),
