@@ -2,8 +2,8 @@
 
 A local aiohttp server (a separate process, so the client's CPU time is its
 own) streams pre-built vLLM-style SSE events (`token_id:N` strings, top-20
-logprobs, `token_ids`, usage, `[DONE]`) as fast as it can. At concurrency 1,
-16 and 64 the same requests are read by
+logprobs, `token_ids`, vLLM 0.33's explicit nulls, usage, `[DONE]`) as fast as
+it can. At concurrency 1, 16 and 64 the same requests are read by
 - bare: one ClientSession, `iter_any()`, events split on blank lines, no parsing;
 - tracekit: `capture.capture_run.run_capture` with the vllm dialect, top-20 logprobs
   parsed, columns built and appended to an HDF5 trace after each request.
@@ -65,7 +65,11 @@ def build_events(n_tokens: int, seed: int = 0) -> bytes:
             },
             "finish_reason": "length" if i == n_tokens - 1 else None,
             "stop_reason": None,
+            # vLLM 0.33 sends these on every chunk, null where they carry nothing: the prompt ids
+            # on the first chunk only, weight versions on the last only.
+            "prompt_token_ids": list(range(16)) if i == 0 else None,
             "token_ids": [ids[0]],
+            "weight_versions": None,
         }
         out.append(
             {

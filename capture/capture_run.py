@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import os
 import random
 import sys
@@ -23,15 +22,18 @@ from pathlib import Path
 import numpy as np
 
 from tracekit.errors import ConfigError
+from tracekit.files import sha256_file
+from tracekit.modelinfo import eos_token_ids
 from tracekit.runinfo import base_run
-from tracekit.schema import Layout, RequestRecord, RunMeta, prompt_hash
+from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns, prompt_hash
+from tracekit.stats import percentiles
 from tracekit.store import TraceReader, TraceWriter, copy_requests
 
-from . import dialects
+from . import dialects, runmeta
 from .client import Clock, Outcome, finish, make_session, send
 from .dialects import RequestSpec
 from .probe import probe
-from .prompts import Prompt, load_prompts
+from .prompts import DEFAULT_MAX_TOKENS, Prompt, load_prompts
 from .tokens import TokenMapper
 
 # Where each dialect's cached-prompt count comes from (recorded in the run metadata).
@@ -52,9 +54,9 @@ class CaptureConfig:
     prompts: str
     out: str
     concurrency: int = 1
-    max_tokens: int = 32
+    max_tokens: int | None = None  # None: the prompt's own, else DEFAULT_MAX_TOKENS; given, it wins
     top_logprobs: int = 20
-    ignore_eos: bool = False
+    ignore_eos: bool | None = None  # None: the prompt's own, else False; given, it wins
     stream: bool = True
     dialect: str = "auto"
     tokenizer: str | None = None
@@ -67,6 +69,8 @@ class CaptureConfig:
     seed: int = 0
     run_meta: dict = field(default_factory=dict)
     progress: bool | None = None  # None: only when stderr is a terminal
+    dtype: str | None = None  # the engine's dtype when it does not report it (fp32 | bf16 | fp16)
+    logprobs_mode: str = "auto"  # what the logprob fields hold; *_logits: stored as raw top-k logits
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class CaptureSummary:
     dialect: str
     latency: dict = field(default_factory=dict)  # ok requests: ttft_s / e2e_s / itl_s -> p50, p90, p99
     failures: list = field(default_factory=list)  # (key, status, error) of the first 20 failed requests
+    unknown_id_tokens: int = 0  # tokens of ok rows stored with id -1 (strings the capture could not map)
 
     @property
     def failed(self) -> int:
@@ -97,17 +102,17 @@ class CaptureSummary:
             "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
             "latency": self.latency,
             "failures": [list(f) for f in self.failures],
+            "unknown_id_tokens": self.unknown_id_tokens,
         }
 
 
 def _percentiles(samples: dict[str, list]) -> dict:
-    """{name: [seconds]} -> {name: {p50, p90, p99}} (names with no samples are left out)."""
+    """{name: [seconds or arrays of them]} -> {name: {p50, p90, p99}} (names with no samples are left out)."""
     out = {}
     for name, xs in samples.items():
-        a = np.concatenate([np.atleast_1d(np.asarray(x, np.float64)) for x in xs]) if xs else np.zeros(0)
-        a = a[np.isfinite(a)]
-        if len(a):
-            out[name] = {f"p{q}": round(float(np.percentile(a, q)), 6) for q in (50, 90, 99)}
+        p = percentiles(np.concatenate([np.atleast_1d(np.asarray(x, np.float64)) for x in xs]) if xs else ())
+        if p:
+            out[name] = p
     return out
 
 
@@ -126,7 +131,11 @@ def parse_arrival(arrival: str) -> float | None:
 
 
 def plan_requests(prompts: list[Prompt], cfg: CaptureConfig) -> list[RequestSpec]:
-    """Prompt set x repeats -> request specs; key = id, or id#r<k> when repeating."""
+    """Prompt set x repeats -> request specs; key = id, or id#r<k> when repeating.
+
+    Precedence of a sampling setting: the command line when it sets it (max_tokens, ignore_eos
+    not None), else the prompt's own field, else the default. top_logprobs: the prompt's own up to
+    the trace's k (the command line's), which the layout fixes. temperature: the prompt's, else 0."""
     specs = []
     for k in range(cfg.repeat):
         for p in prompts:
@@ -135,9 +144,9 @@ def plan_requests(prompts: list[Prompt], cfg: CaptureConfig) -> list[RequestSpec
                 RequestSpec(
                     key=p.id if cfg.repeat == 1 else f"{p.id}#r{k}",
                     prompt=p.prompt,
-                    max_tokens=o.get("max_tokens", cfg.max_tokens),
+                    max_tokens=_first(cfg.max_tokens, o.get("max_tokens"), DEFAULT_MAX_TOKENS),
                     top_logprobs=o.get("top_logprobs", cfg.top_logprobs),
-                    ignore_eos=o.get("ignore_eos", cfg.ignore_eos),
+                    ignore_eos=_first(cfg.ignore_eos, o.get("ignore_eos"), False),
                     stream=cfg.stream,
                     model=cfg.model,
                     temperature=float(o.get("temperature", 0.0)),
@@ -145,6 +154,28 @@ def plan_requests(prompts: list[Prompt], cfg: CaptureConfig) -> list[RequestSpec
                 )
             )
     return specs
+
+
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
+def precedence_notes(prompts: list[Prompt], cfg: CaptureConfig) -> list[str]:
+    """One line per setting that the command line gives and some prompts set otherwise."""
+    notes = []
+    for name, flag, given in (
+        ("max_tokens", "--max-tokens", cfg.max_tokens),
+        ("ignore_eos", "--ignore-eos", cfg.ignore_eos),
+    ):
+        own = [p.overrides[name] for p in prompts if name in p.overrides and p.overrides[name] != given]
+        if given is not None and own:
+            shown = ", ".join(sorted({str(v).lower() for v in own}))
+            flag = flag if given is not False else "--no-ignore-eos"
+            notes.append(
+                f"note: {flag}{'' if isinstance(given, bool) else f' {given}'} applies to every request; "
+                f"{len(own)} prompt(s) of {cfg.prompts} set {name} {shown}, which the command line overrides"
+            )
+    return notes
 
 
 class Progress:
@@ -192,7 +223,14 @@ def _resume_source(out: Path, resume: bool) -> Path | None:
     return prev
 
 
-def _check_resumable(out: Path, cfg: CaptureConfig) -> None:
+def _ok_rows(reader: TraceReader) -> dict[str, int]:
+    t = reader.requests
+    return {k: i for k, i in t.index_by_key().items() if t.status[i] == "ok"}
+
+
+def _check_resumable(out: Path, cfg: CaptureConfig, run: dict) -> None:
+    """--resume completes a trace of the same run: same kind and top-k, then the same
+    configuration (runmeta.RESUME_KEYS); anything else would mix runs under one metadata."""
     if not (cfg.resume and out.exists()):
         return
     with TraceReader(out) as r:
@@ -202,19 +240,26 @@ def _check_resumable(out: Path, cfg: CaptureConfig) -> None:
                 f"{r.layout.topk}, this run asks for an http capture with --top-logprobs "
                 f"{cfg.top_logprobs}"
             )
+        runmeta.check_resumable(str(out), r.meta.run, run)
 
 
-def _ok_rows(reader: TraceReader) -> dict[str, int]:
-    t = reader.requests
-    return {k: i for k, i in t.index_by_key().items() if t.status[i] == "ok"}
+def _token_ids_note(cfg: CaptureConfig, dialect: str, tokenizer: str | None) -> tuple[str, bool]:
+    """(where ids come from, whether token strings would stay unknown) for the run metadata."""
+    if dialect not in ("openai", "openai-chat"):
+        return "engine ids", False
+    if tokenizer:
+        return f"engine ids where sent; token strings mapped with the tokenizer at {tokenizer}", False
+    return "engine ids where sent; token strings stay unknown (-1): no --tokenizer", True
 
 
-def _sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def _run_meta(cfg: CaptureConfig, pr, mapper: TokenMapper | None, n_prompts: int, rate) -> dict:
-    eos = pr.eos_token_ids or (mapper.eos_token_ids() if mapper else [])
+def _run_meta(cfg: CaptureConfig, pr, specs, n_prompts: int, rate, numerics: dict) -> dict:
+    # The engine's own report first, else the files of the tokenizer directory (never guessed).
+    tok_dir = cfg.tokenizer or (pr.tokenizer if pr.tokenizer and Path(pr.tokenizer).is_dir() else None)
+    eos = pr.eos_token_ids or (list(eos_token_ids(tok_dir)) if tok_dir else [])
+    dtype, dtype_source = runmeta.resolve_dtype(cfg.dtype, cfg.run_meta.get("dtype"), numerics)
+    mode, mode_source = runmeta.resolve_logprobs_mode(cfg.logprobs_mode, numerics)
+    ids_from, unmapped = _token_ids_note(cfg, pr.dialect, cfg.tokenizer)
+    labels = {k: v for k, v in cfg.run_meta.items() if k not in ("cache", "dtype")}
     return base_run(
         target=cfg.url,
         dialect=pr.dialect,
@@ -223,29 +268,27 @@ def _run_meta(cfg: CaptureConfig, pr, mapper: TokenMapper | None, n_prompts: int
         model=cfg.model or pr.model,
         tokenizer=cfg.tokenizer or pr.tokenizer or None,
         eos_token_ids=eos,
+        dtype=dtype,
+        dtype_source=dtype_source,
+        logprobs_mode=mode,
+        logprobs_mode_source=mode_source,
         concurrency=cfg.concurrency,
-        sampling={
-            "max_tokens": cfg.max_tokens,
-            "top_logprobs": cfg.top_logprobs,
-            "ignore_eos": cfg.ignore_eos,
-            "temperature": 0.0,
-            "stream": cfg.stream,
-        },
+        sampling=runmeta.sampling(specs, cfg.stream),
         cache={"reported_by": CACHE_FIELD.get(pr.dialect, "unknown"), "setting": cfg.run_meta.get("cache", "unknown")},
-        token_ids=("engine ids where sent; token strings mapped with the tokenizer at " + cfg.tokenizer)
-        if cfg.tokenizer
-        else "engine ids where sent; strings-only engines leave -1 (no --tokenizer)",
+        token_ids=ids_from,
+        token_ids_unmapped=unmapped,
         arrival=cfg.arrival if rate is None else {"poisson_rate_per_s": rate, "seed": cfg.seed},
         repeat=cfg.repeat,
         timeout_s=cfg.timeout_s,
-        prompts={"path": cfg.prompts, "sha256": _sha256(cfg.prompts), "n": n_prompts},
-        **{k: v for k, v in cfg.run_meta.items() if k != "cache"},
+        prompts={"path": cfg.prompts, "sha256": sha256_file(cfg.prompts), "n": n_prompts},
+        **labels,
     )
 
 
 def run_capture(cfg: CaptureConfig) -> CaptureSummary:
     """Run a whole capture (blocking). Raises TracekitError for setup problems only."""
-    if cfg.concurrency < 1 or cfg.repeat < 1 or cfg.timeout_s <= 0 or cfg.top_logprobs < 0 or cfg.max_tokens < 1:
+    bad_max = cfg.max_tokens is not None and cfg.max_tokens < 1
+    if cfg.concurrency < 1 or cfg.repeat < 1 or cfg.timeout_s <= 0 or cfg.top_logprobs < 0 or bad_max:
         raise ConfigError("--concurrency, --repeat, --max-tokens must be >= 1, --timeout-s > 0, --top-logprobs >= 0")
     if cfg.dialect != "auto":
         dialects.get(cfg.dialect)
@@ -257,6 +300,8 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
     prompts = load_prompts(cfg.prompts)
     mapper = TokenMapper(cfg.tokenizer) if cfg.tokenizer else None
     specs = plan_requests(prompts, cfg)
+    for note in precedence_notes(prompts, cfg):
+        print(note, file=sys.stderr)
     api_key = _api_key(cfg.api_key_env)
     base = cfg.url.rstrip("/")
     out = Path(cfg.out)
@@ -268,12 +313,13 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
             specs = [dataclasses.replace(s, model=model, extra={**pr.extra_body, **s.extra}) for s in specs]
         for s in specs:
             dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
+        numerics = await runmeta.engine_numerics(session, base, pr.dialect, pr.engine)
+        run = _run_meta(cfg, pr, specs, len(prompts), rate, numerics)
+        logits_mode = run["logprobs_mode"] in runmeta.LOGIT_MODES
         meta = RunMeta(
-            source="http",
-            run=_run_meta(cfg, pr, mapper, len(prompts), rate),
-            layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits),
+            source="http", run=run, layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits or logits_mode)
         )
-        _check_resumable(out, cfg)
+        _check_resumable(out, cfg, run)
         prev = _resume_source(out, cfg.resume)
         kept = 0
         # Chunk-size hint: planned requests x max_tokens (a small run gets small files).
@@ -285,16 +331,19 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
                     kept = copy_requests(reader, writer, sorted(ok.values()))
                 specs = [s for s in specs if s.key not in ok]
             t0 = time.perf_counter()
-            counts, ntok, (lat, failures) = await _send_all(session, base, dialect, specs, cfg, writer, mapper, rate)
+            post = _Post(cfg.tokenizer, logits_mode)
+            counts, ntok, (lat, failures) = await _send_all(
+                session, base, dialect, specs, cfg, writer, mapper, rate, post
+            )
             wall = time.perf_counter() - t0
         if prev is not None:
             prev.unlink()
     return CaptureSummary(
-        str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures
+        str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures, post.unknown
     )
 
 
-async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) -> tuple[dict, int, tuple]:
+async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate, post) -> tuple[dict, int, tuple]:
     clock = Clock()
     sem = asyncio.Semaphore(cfg.concurrency)
     prog = Progress(len(specs), sys.stderr.isatty() if cfg.progress is None else cfg.progress)
@@ -312,7 +361,7 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate) ->
             await asyncio.sleep(max(0.0, at - clock()))
         async with sem:
             outcome, acc = await send(session, base, dialect, spec, clock, started)
-        outcome = _flag_unknown_ids(finish(outcome, acc, k, raw, mapper), cfg.tokenizer)
+        outcome = post(finish(outcome, acc, k, raw, mapper))
         pending.append(outcome)
         finished.add(spec.key)
         rec = outcome.record
@@ -374,14 +423,44 @@ def _write_cancelled(writer: TraceWriter, specs: list[RequestSpec], started: dic
     )
 
 
-def _flag_unknown_ids(outcome: Outcome, tokenizer: str | None) -> Outcome:
-    """An ok row whose engine sent strings we could not map keeps status ok, with a note."""
-    toks = outcome.tokens
-    if toks is None or outcome.record.status != "ok" or not (toks.token_id < 0).any():
-        return outcome
-    why = f"not in the vocabulary of {tokenizer}" if tokenizer else "pass --tokenizer DIR"
-    note = f"token ids unknown for {int((toks.token_id < 0).sum())} tokens: the engine sent token strings only; {why}"
-    return Outcome(dataclasses.replace(outcome.record, error=note), toks, outcome.prompt_ids)
+class _Post:
+    """What the run does to each finished outcome: logits-mode values moved to the logit column,
+    unknown ids noted on the row and, once a run, on stderr with how to fix it."""
+
+    def __init__(self, tokenizer: str | None, logits_mode: bool):
+        self.tokenizer, self.logits_mode = tokenizer, logits_mode
+        self.unknown = 0  # tokens of ok rows with id -1
+
+    def __call__(self, outcome: Outcome) -> Outcome:
+        if self.logits_mode and outcome.tokens is not None:
+            outcome = Outcome(outcome.record, _as_logits(outcome.tokens), outcome.prompt_ids)
+        toks = outcome.tokens
+        if toks is None or outcome.record.status != "ok" or not (toks.token_id < 0).any():
+            return outcome
+        n = int((toks.token_id < 0).sum())
+        if not self.unknown:
+            fix = (
+                f"they are not in the vocabulary of {self.tokenizer}: is it the served model's tokenizer?"
+                if self.tokenizer
+                else "pass --tokenizer DIR (the served model's tokenizer), or --dialect vllm for a vLLM server"
+            )
+            print(f"warning: the engine sent token strings without ids; ids stay unknown (-1); {fix}", file=sys.stderr)
+        self.unknown += n
+        why = f"not in the vocabulary of {self.tokenizer}" if self.tokenizer else "pass --tokenizer DIR"
+        note = f"token ids unknown for {n} tokens: the engine sent token strings only; {why}"
+        rec = outcome.record
+        return Outcome(
+            dataclasses.replace(rec, error=f"{rec.error}; {note}" if rec.error else note), toks, outcome.prompt_ids
+        )
+
+
+def _as_logits(t: TokenColumns) -> TokenColumns:
+    """The engine's logprob fields held logits (vLLM --logprobs-mode *_logits): the values become
+    the raw top-k logits; the logprobs are unknown (NaN), never logits under a logprob name."""
+    nan = np.full_like(t.topk_logprob, np.nan)
+    return dataclasses.replace(
+        t, logprob=np.full_like(t.logprob, np.nan), topk_logprob=nan, topk_logit=t.topk_logprob.copy()
+    )
 
 
 def _arrival_times(n: int, rate: float | None, seed: int) -> list[float]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracekit.errors import ResponseShapeError
+
 from .base import BAD_VALUE, Acc, RequestSpec, check_error
 
 # stop_type -> OpenAI-style finish reason.
@@ -20,6 +22,8 @@ _FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
 
 
 def _probs(entries: list, acc: Acc, t: float) -> None:
+    if type(entries) is not list or not all(type(e) is dict and "id" in e and "logprob" in e for e in entries):
+        raise ResponseShapeError("completion_probabilities is not a list of {id, logprob, ...}")
     for e in entries:
         acc.add_token(e["id"], e["logprob"], e.get("top_logprobs") or (), t)
 
@@ -64,7 +68,5 @@ class LlamaCppCompletion:
             timings = obj.get("timings") or {}
             if isinstance(timings.get("cache_n"), int):
                 acc.cached_tokens = timings["cache_n"]
-            if isinstance(obj.get("tokens_evaluated"), int):
-                acc.prompt_len = obj["tokens_evaluated"]
 
     parse_response = parse_event

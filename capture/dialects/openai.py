@@ -17,85 +17,129 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import BAD_VALUE, Acc, RequestSpec, check_error, usage_into
+from tracekit.errors import ResponseShapeError
+
+from .acc import TOKEN_ID, Acc
+from .base import BAD_VALUE, RequestSpec, check_error, usage_into
 
 
-def _str_mode(acc: Acc) -> None:
-    if acc.strs is None:
-        acc.strs = ["" for _ in acc.ids]
-        acc.top_strs = [[] for _ in acc.ids]
-
-
-def _entries(content: list, acc: Acc, t: float) -> None:
-    """Chat-style `content[]` entries: one per token."""
+def _entries(content: Any, acc: Acc, t: float) -> None:
+    """Chat-style `content[]` entries, one a token: ids from `id` (llama.cpp), else the
+    "token_id:N" token (vLLM), else the token's bytes or text (mapped at the end)."""
+    if type(content) is not list:
+        raise ResponseShapeError("logprobs.content is not a list")
     for e in content:
+        if type(e) is not dict or "logprob" not in e or ("id" not in e and "token" not in e):
+            raise ResponseShapeError(f"logprobs.content entry without 'logprob' and 'id'/'token': {str(e)[:120]}")
         tops = e.get("top_logprobs") or ()
-        if "id" in e:
-            acc.ids.append(e["id"])
-            acc.top_ids.append([d["id"] for d in tops])
-            if acc.strs is not None:
-                acc.strs.append(e["token"])
-                acc.top_strs.append([])
-        elif e["token"][:9] == "token_id:":  # vLLM chat with return_tokens_as_token_ids
-            acc.ids.append(int(e["token"][9:]))
-            acc.top_ids.append([int(d["token"][9:]) for d in tops])
-            if acc.strs is not None:
-                acc.strs.append(e["token"])
-                acc.top_strs.append([])
-        else:
-            _str_mode(acc)
-            tok = e.get("bytes")
-            acc.strs.append(bytes(tok) if tok is not None else e["token"])
-            acc.top_strs.append([bytes(d["bytes"]) if d.get("bytes") is not None else d["token"] for d in tops])
-            acc.ids.append(-1)
-            acc.top_ids.append([-1] * len(tops))
+        if type(tops) is not list or not all(type(d) is dict and "logprob" in d for d in tops):
+            raise ResponseShapeError(f"top_logprobs of a content entry is not a list of objects: {tops!r:.120}")
+        tok = _ident(e)
+        acc.str_ids |= type(tok) is not int
+        acc.ids.append(tok)
         acc.lps.append(e["logprob"])
-        acc.top_lps.append([d["logprob"] for d in tops])
         acc.t.append(t)
+        acc.widths.append(len(tops))
+        ids = [_ident(d) for d in tops]
+        acc.str_tops |= any(type(i) is not int for i in ids)
+        acc.top_ids += ids
+        acc.top_vals += [d["logprob"] for d in tops]
 
 
-def _legacy(lp: dict, acc: Acc, t: float, token_ids: list | None) -> None:
-    """Legacy arrays: the chosen strings as they come, the top-k dicts into Acc's compact
-    form (converted in bulk at the end). vLLM's `token_ids` give the chosen ids directly."""
-    tokens = lp.get("tokens") or ()
-    if acc.tok_strs is None:
-        acc.start_legacy()
+def _ident(e: dict):
+    """A content entry's or candidate's id, or the string that stands for it."""
+    i = e.get("id")
+    if type(i) is int:
+        return i
+    tok = e.get("token")
+    if type(tok) is str and tok.startswith(TOKEN_ID):
+        return tok
+    raw = e.get("bytes")
+    if raw is not None:
+        try:
+            return bytes(raw)
+        except (TypeError, ValueError):
+            raise ResponseShapeError(f"'bytes' of a token is not a list of bytes: {raw!r:.80}") from None
+    if type(tok) is not str:
+        raise ResponseShapeError(f"a logprobs entry without an integer 'id' or a 'token' string: {e!r:.120}")
+    return tok
+
+
+def _legacy(lp: dict, tokens: Any, token_ids: Any, acc: Acc, t: float) -> None:
+    """Legacy arrays `tokens[]`, `token_logprobs[]`, `top_logprobs[{str: lp}]`: the candidate
+    strings (vLLM: "token_id:N") go into the flat lists as they come, resolved per request.
+    vLLM's `token_ids` give the chosen ids directly."""
+    lps, tops = lp.get("token_logprobs"), lp.get("top_logprobs")
+    if type(tokens) is not list or type(lps) is not list or len(lps) != len(tokens):
+        raise ResponseShapeError("logprobs.tokens and logprobs.token_logprobs are not lists of one length")
     n = len(tokens)
-    acc.lps.extend(lp.get("token_logprobs") or ())
-    acc.tok_strs.extend(tokens)
-    acc.add_tops(lp.get("top_logprobs") or [{}] * n)
-    if token_ids and len(token_ids) == n and len(acc.ids) == len(acc.tok_strs) - n:
-        acc.ids.extend(token_ids)
-    if n == 1:
+    if tops is None:
+        tops = (None,) * n
+    elif type(tops) is not list or len(tops) != n:
+        raise ResponseShapeError(f"logprobs.top_logprobs holds {len(tops)} rows for {n} tokens")
+    if type(token_ids) is list and len(token_ids) == n:
+        acc.ids += token_ids
+    else:
+        acc.ids += tokens
+        acc.str_ids = True
+    acc.lps += lps
+    if n == 1:  # the streaming case: one token an event
         acc.t.append(t)
     else:
-        acc.t.extend([t] * n)
-
-
-def _choice(ch: dict, acc: Acc, t: float) -> None:
-    lp = ch.get("logprobs")
-    n0 = len(acc.lps)
-    if lp:
-        if "content" in lp:
-            _entries(lp["content"] or (), acc, t)
+        acc.t += [t] * n
+    widths, top_ids, top_vals = acc.widths, acc.top_ids, acc.top_vals
+    for d in tops:
+        if type(d) is dict:
+            widths.append(len(d))
+            top_ids += d  # the keys
+            top_vals += d.values()
+        elif d is None:  # vLLM sends null for a position without logprobs
+            widths.append(0)
         else:
-            _legacy(lp, acc, t, ch.get("token_ids"))
-        logits = lp.get("top_logits")
-        if logits is not None:
-            if acc.top_logits is None:
-                acc.top_logits = [[] for _ in range(n0)]
-            acc.top_logits.extend(logits)
-            # tracekit serve sends the top-k ids aligned with top_logits (string keys can collide).
-            tti = lp.get("top_token_ids")
-            if tti is not None:
-                acc.top_ids.extend(tti)
-        elif acc.top_logits is not None:
-            acc.top_logits.extend([] for _ in range(len(acc.lps) - n0))
+            raise ResponseShapeError(f"a top_logprobs row is a {type(d).__name__}, not an object")
+    acc.str_tops = True
+
+
+def _raw_logits(lp: dict, acc: Acc, start: int, first: int) -> None:
+    """tracekit serve's `top_logits` [n][k], in the order of its `top_token_ids` [n][k], which is
+    the order of the top_logprobs dict unless string keys collided (then that token's logits are
+    NaN: never misaligned)."""
+    logits, tti = lp.get("top_logits"), lp.get("top_token_ids")
+    if acc.top_logits is None:
+        acc.top_logits = [None] * start
+    widths = acc.widths[first:]
+    if type(logits) is not list or type(tti) is not list or len(logits) != len(widths) or len(tti) != len(widths):
+        raise ResponseShapeError("logprobs.top_logits / top_token_ids do not have a row per token")
+    for w, row, ids in zip(widths, logits, tti):
+        acc.top_logits += row if len(row) == w == len(ids) else [None] * w
+
+
+def _choice(ch: Any, acc: Acc, t: float) -> None:
+    if type(ch) is not dict:
+        raise ResponseShapeError(f"a choice is a {type(ch).__name__}, not an object")
+    if ch.get("index", 0) != 0:  # n > 1 is not asked for
+        return
+    lp = ch.get("logprobs")
+    if lp:
+        if type(lp) is not dict:
+            raise ResponseShapeError("choices[].logprobs is not an object")
+        start, first = len(acc.top_vals), len(acc.widths)
+        tokens = lp.get("tokens")
+        if tokens is not None:
+            _legacy(lp, tokens, ch.get("token_ids"), acc, t)
+        elif lp.get("content") is not None:
+            _entries(lp["content"], acc, t)
+        if acc.top_logits is not None or "top_logits" in lp:
+            if lp.get("top_logits") is not None:
+                _raw_logits(lp, acc, start, first)
+            elif acc.top_logits is not None:
+                acc.pad_logits(start)
     elif ch.get("token_ids"):
         # vLLM with return_token_ids but no logprobs asked: ids without logprobs.
         acc.add_bare_ids(ch["token_ids"], t)
-    if "prompt_token_ids" in ch and ch["prompt_token_ids"]:
-        acc.prompt_ids = list(ch["prompt_token_ids"])
+    pids = ch.get("prompt_token_ids")  # vLLM: on the first chunk; null on the others (0.33)
+    if pids:
+        acc.prompt_ids = list(pids)
     fr = ch.get("finish_reason")
     if fr:
         acc.finish_reason = fr
@@ -130,55 +174,24 @@ class OpenAICompletions:
         return {**self.body(spec), "max_tokens": BAD_VALUE}
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
-        """One stream event. The hot event, one legacy-layout token with vLLM's "token_id:N"
-        keys and nothing else, is handled inline: exactly what _choice -> _legacy ->
-        Acc.add_tops do for it, without their calls and checks (~1 us a token; parsing a
-        chunk's events first and handling them after was slower: cache misses)."""
-        if acc.top_keys is not None and acc.top_logits is None and type(obj) is dict and "error" not in obj:
-            try:  # the shape, by subscripts and 1-unpacking (cheaper than .get and len checks)
-                (ch,) = obj["choices"]
-                lp = ch["logprobs"]
-                (tok,) = lp["tokens"]
-                (d,) = lp["top_logprobs"]
-                tl = lp["token_logprobs"]
-            except (KeyError, TypeError, ValueError):
-                pass
-            else:
-                if (
-                    "content" not in lp
-                    and "top_logits" not in lp
-                    and "prompt_token_ids" not in ch
-                    and not obj.get("usage")
-                    and not obj.get("prompt_token_ids")
-                    and ch.get("index", 0) == 0
-                ):
-                    keys = " ".join(d)
-                    if keys[:9] == "token_id:":  # other keys may hold spaces: the checked path
-                        acc.lps.extend(tl or ())
-                        acc.tok_strs.append(tok)
-                        acc.top_keys.append(keys)
-                        acc.top_vals.extend(d.values())
-                        acc.top_w.append(len(d))
-                        ids = ch.get("token_ids")
-                        if ids and len(ids) == 1 and len(acc.ids) == len(acc.tok_strs) - 1:
-                            acc.ids.append(ids[0])
-                        acc.t.append(t)
-                        fr = ch.get("finish_reason")
-                        if fr:
-                            acc.finish_reason = fr
-                        return
-        self._parse_general(obj, acc, t)
-
-    def _parse_general(self, obj: dict, acc: Acc, t: float) -> None:
-        check_error(obj)
-        for ch in obj.get("choices") or ():
-            if ch.get("index", 0) == 0:
+        """One stream event, or a whole body: the same shape. Explicit nulls (vLLM 0.33 sends
+        `prompt_token_ids`, `token_ids`, `weight_versions` as null on every chunk) mean absent."""
+        if type(obj) is not dict or obj.get("error"):
+            check_error(obj)
+        choices = obj.get("choices")
+        if choices:
+            if type(choices) is not list:
+                raise ResponseShapeError("'choices' is not a list")
+            for ch in choices:
                 _choice(ch, acc, t)
-        if obj.get("prompt_token_ids"):
-            acc.prompt_ids = list(obj["prompt_token_ids"])
-        usage_into(obj.get("usage"), acc)
+        pids = obj.get("prompt_token_ids")
+        if pids:
+            acc.prompt_ids = list(pids)
+        usage = obj.get("usage")
+        if usage:
+            usage_into(usage, acc)
 
-    parse_response = _parse_general
+    parse_response = parse_event
 
 
 class OpenAIChat(OpenAICompletions):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracekit.errors import ResponseShapeError
+
 from .base import BAD_VALUE, Acc, RequestSpec, check_error
 
 
@@ -53,19 +55,18 @@ class SGLangGenerate:
         # Cumulative lists hold every token so far (len == completion_tokens);
         # incremental ones only the new ones. Either way skip what was seen.
         start = acc.seen if isinstance(done, int) and len(out) == done else 0
+        if type(out) is not list or type(tops) is not list:
+            raise ResponseShapeError("meta_info.output_token_logprobs / output_top_logprobs are not lists")
         for i in range(start, len(out)):
-            lp, tid = out[i][0], out[i][1]
             row = tops[i] if i < len(tops) and tops[i] else ()
-            acc.ids.append(tid)
-            acc.lps.append(lp)
-            acc.top_ids.append([r[1] for r in row])
-            acc.top_lps.append([r[0] for r in row])
-            acc.t.append(t)
+            try:
+                (lp, tid, *_), ids, vals = out[i], [r[1] for r in row], [r[0] for r in row]
+            except (TypeError, ValueError, IndexError):
+                raise ResponseShapeError(f"output logprob entry {i} is not [logprob, id, text]") from None
+            acc.add(tid, lp, ids, vals, t)
         acc.seen = len(acc.lps)
         if isinstance(meta.get("cached_tokens"), int):
             acc.cached_tokens = meta["cached_tokens"]
-        if isinstance(meta.get("prompt_tokens"), int):
-            acc.prompt_len = meta["prompt_tokens"]
         fr = meta.get("finish_reason")
         if fr:
             acc.finish_reason = fr.get("type", "") if isinstance(fr, dict) else str(fr)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracekit.errors import ConfigError
+from tracekit.errors import ConfigError, ResponseShapeError
 
 from .base import BAD_VALUE, Acc, RequestSpec, check_error
 
 
-def _token(tok: dict, tops: list, acc: Acc, t: float) -> None:
+def _token(tok: Any, tops: Any, acc: Acc, t: float) -> None:
+    if type(tok) is not dict or "id" not in tok or "logprob" not in tok:
+        raise ResponseShapeError(f"a TGI token without 'id' and 'logprob': {tok!r:.120}")
     acc.add_token(tok["id"], tok["logprob"], tops, t)
 
 
@@ -58,8 +60,6 @@ class TGIGenerate:
         if details:
             acc.done = True
             acc.finish_reason = _finish(details.get("finish_reason", ""))
-            if isinstance(details.get("input_length"), int):
-                acc.prompt_len = details["input_length"]
 
     def parse_response(self, obj: Any, acc: Acc, t: float) -> None:
         if isinstance(obj, list) and obj:

@@ -69,6 +69,9 @@ def test_serial_and_concurrent_captures_agree_in_fp32(engine, tmp_path):
         assert run["dialect"] == "vllm" and "tracekit" in run["dialect_reason"]
         assert run["engine"]["v1_models"]["meta"]["engine"] == "tracekit" and run["eos_token_ids"] == [0]
         assert a.layout.topk == 20 and a.layout.raw_logits
+        # The engine reports its dtype: the classifier's grid comes from the run's `dtype`.
+        assert (run["dtype"], run["dtype_source"]) == ("fp32", "engine: /v1/models meta.dtype")
+        assert run["logprobs_mode"] == "raw_logprobs" and run["sampling"]["max_tokens"] == 32
         assert b.meta.run["concurrency"] == 8
         ia, ib = a.requests.index_by_key(), b.requests.index_by_key()
         assert set(ia) == set(ib) and len(ia) >= 8

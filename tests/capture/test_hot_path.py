@@ -1,5 +1,7 @@
-"""The inlined hot-event path of the OpenAI/vLLM dialect and Acc's compact top-k form
-give exactly the columns of the general path, for every event shape around them."""
+"""The OpenAI/vLLM dialect's one parse path and Acc's compact form give exactly the columns a
+plain per-token reference computes, for every event shape: vLLM's "token_id:N" keys with and
+without `token_ids`, vLLM 0.33's explicit nulls, ragged top-k, the sampled token listed first,
+token strings for the tokenizer, keys with spaces, streamed or as one body."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import numpy as np
 import pytest
 
 from capture.dialects import Acc, get
+from capture.dialects.acc import token_id_ints
 
 
-def _event(i: int, keys: list[str], lps: list[float], **extra) -> dict:
+def _event(i: int, keys: list[str], lps: list[float], nulls: bool = False, ids: bool = True, **extra) -> dict:
     ch = {
         "index": 0,
         "text": "x",
@@ -20,8 +23,12 @@ def _event(i: int, keys: list[str], lps: list[float], **extra) -> dict:
             "top_logprobs": [dict(zip(keys, lps))],
         },
         "finish_reason": None,
-        "token_ids": [100 + i],
     }
+    if ids:
+        ch["token_ids"] = [int(keys[0][9:])] if keys[0].startswith("token_id:") else [len(keys[0])]
+    if nulls:  # vLLM 0.33: these are on every chunk, null where they carry nothing
+        ch.update(stop_reason=None, prompt_token_ids=None, weight_versions=None)
+        ch.setdefault("token_ids", None)
     ch.update(extra.pop("choice", {}))
     return {"id": "c", "object": "text_completion", "choices": [ch], "usage": None, **extra}
 
@@ -33,18 +40,20 @@ def _stream(kind: str) -> list[dict]:
         w = 3 if kind != "ragged" else 1 + i % 4
         lps = sorted((-rng.random(w) * 5).tolist(), reverse=True)
         keys = [f"token_id:{j}" for j in rng.choice(5000, w, replace=False)]
+        if kind == "sampled_first" and i % 3 == 1:  # vLLM lists the sampled token first
+            keys, lps = keys[1:] + keys[:1], lps[1:] + lps[:1]
         if kind == "strings":
             keys = [" the", "cat", f"w {i}"][:w] if i % 2 else ["a", "b", "c"][:w]
         if kind == "mixed" and i == 7:
-            keys[0] = "a key"  # a space inside a key after compact rows: they convert back exactly
+            keys[0] = "a key"  # a space inside a key among "token_id:N" ones
         extra = {}
         if i == 0:
-            extra["prompt_token_ids"] = [1, 2, 3]
+            extra["choice"] = {"prompt_token_ids": [1, 2, 3]}
         if i == 5:
             extra["usage"] = {"prompt_tokens": 3, "completion_tokens": 6}  # continuous usage stats
         if i == 11:
-            extra["choice"] = {"finish_reason": "length"}
-        evs.append(_event(i, keys, lps, **extra))
+            extra.setdefault("choice", {})["finish_reason"] = "length"
+        evs.append(_event(i, keys, lps, nulls=kind in ("nulls", "no_ids"), ids=kind != "no_ids", **extra))
     evs.append(
         {
             "id": "c",
@@ -55,46 +64,113 @@ def _stream(kind: str) -> list[dict]:
     return evs
 
 
-@pytest.mark.parametrize("kind", ["token_ids", "ragged", "strings", "mixed"])
-def test_hot_path_matches_general_path(kind):
+def _reference(evs: list[dict], k: int, to_id) -> tuple[list, list, list]:
+    """Per token: chosen id, top-k ids and values in descending value (stable), by hand."""
+    chosen, tops, vals = [], [], []
+    for ev in evs:
+        for ch in ev["choices"]:
+            lp = ch["logprobs"]
+            d = lp["top_logprobs"][0]
+            tid = ch.get("token_ids")
+            chosen.append(tid[0] if tid else to_id(lp["tokens"][0]))
+            row = sorted(d.items(), key=lambda kv: -kv[1])[:k]
+            tops.append([to_id(s) for s, _ in row] + [-1] * (k - len(row)))
+            vals.append([v for _, v in row] + [np.nan] * (k - len(row)))
+    return chosen, tops, vals
+
+
+def _to_id(s: str) -> int:
+    return int(s[9:]) if s.startswith("token_id:") else len(s)
+
+
+KINDS = ["token_ids", "no_ids", "nulls", "ragged", "sampled_first", "strings", "mixed"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_path_matches_a_per_token_reference(kind):
     d = get("vllm")
-    fast, slow, dicts = Acc(), Acc(), Acc()
-    dicts.start_legacy()
-    dicts._to_maps()  # the reference: the parsed dicts kept as they come
-    for j, ev in enumerate(_stream(kind)):
-        d.parse_event(ev, fast, 0.5 * j)
-        d._parse_general(ev, slow, 0.5 * j)
-        d._parse_general(ev, dicts, 0.5 * j)
-    assert (
-        (fast.finish_reason, fast.cached_tokens, fast.prompt_len, fast.prompt_ids)
-        == (slow.finish_reason, slow.cached_tokens, slow.prompt_len, slow.prompt_ids)
-        == ("length", 2, 3, [1, 2, 3])
-    )
-    mapper = (lambda strs: [len(s) for s in strs]) if kind in ("strings", "mixed") else None
-    a, b, c = (x.columns(4, False, mapper) for x in (fast, slow, dicts))
-    assert dicts.top_keys is None and (slow.top_maps is None) == (kind in ("token_ids", "ragged"))
+    acc = Acc()
+    evs = _stream(kind)
+    for j, ev in enumerate(evs):
+        d.parse_event(ev, acc, 0.5 * j)
+    assert (acc.finish_reason, acc.cached_tokens, acc.prompt_ids) == ("length", 2, [1, 2, 3])
+    mapper = lambda strs: [len(s) for s in strs]  # noqa: E731
+    cols = acc.columns(4, False, mapper)
+    chosen, tops, vals = _reference(evs, 4, _to_id)
+    assert cols.token_id.tolist() == chosen
+    assert cols.topk_id.tolist() == tops
+    np.testing.assert_array_equal(cols.topk_logprob, np.asarray(vals, np.float32))
+    assert len(cols.token_id) == 12 and (cols.topk_id[:, 0] >= 0).all() and cols.t_arrival_s[3] == 1.5
+    assert np.all(np.diff(cols.topk_logprob[np.isfinite(cols.topk_logprob).all(1)], axis=1) <= 0)  # rank order
+    if kind == "token_ids":
+        assert (cols.topk_id[:, 3] == -1).all() and np.isnan(cols.topk_logprob[:, 3]).all()  # width 3 < k 4
+    if kind == "mixed":
+        assert cols.topk_id[7].tolist().count(len("a key")) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_and_one_body_give_the_same_columns(kind):
+    """parse_response on the tokens of all events joined in one choice = the streamed events."""
+    d = get("vllm")
+    evs = _stream(kind)
+    streamed = Acc()
+    for ev in evs:
+        d.parse_event(ev, streamed, 1.0)
+    lps = [ev["choices"][0]["logprobs"] for ev in evs if ev["choices"]]
+    ids = [ev["choices"][0].get("token_ids") for ev in evs if ev["choices"]]
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": {k: [x for lp in lps for x in lp[k]] for k in ("tokens", "token_logprobs", "top_logprobs")},
+                "token_ids": [i[0] for i in ids] if all(ids) else None,
+                "prompt_token_ids": [1, 2, 3],
+                "finish_reason": "length",
+            }
+        ],
+        "usage": evs[-1]["usage"],
+    }
+    whole = Acc()
+    d.parse_response(body, whole, 1.0)
+    mapper = lambda strs: [len(s) for s in strs]  # noqa: E731
+    a, b = streamed.columns(4, False, mapper), whole.columns(4, False, mapper)
     for name in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-        np.testing.assert_array_equal(getattr(a, name), getattr(c, name), err_msg=name)
-    assert len(a.token_id) == 12 and (a.topk_id[:, 0] >= 0).all()
-    assert a.t_arrival_s[3] == 1.5
-    if kind == "token_ids":
-        assert fast.top_keys is not None and fast.top_maps is None  # stayed compact
-        assert (a.topk_id[:, 3] == -1).all() and np.isnan(a.topk_logprob[:, 3]).all()  # width 3 < k 4
-    if kind == "mixed":
-        assert fast.top_maps is not None and a.topk_id[7, 0] == len("a key")
 
 
-def test_a_row_that_cannot_split_back_gets_unknown_ids():
-    """A "token_id:" first key admits a row to the inlined path; a later key with a space
-    then makes that row's ids unknown (-1), the other rows keep theirs."""
+def test_a_row_with_a_spaced_key_keeps_its_ids():
+    """A key holding a space among "token_id:N" keys: every id is still resolved, each on its own."""
     d, acc = get("vllm"), Acc()
     d.parse_event(_event(0, ["token_id:1", "token_id:2"], [-0.1, -2.0]), acc, 0.0)
     d.parse_event(_event(1, ["token_id:3", "odd key"], [-0.2, -3.0]), acc, 0.1)
     d.parse_event(_event(2, ["token_id:5", "token_id:6"], [-0.3, -4.0]), acc, 0.2)
     cols = acc.columns(2, False, lambda strs: [7] * len(strs))
-    assert cols.topk_id.tolist() == [[7, 7], [-1, -1], [7, 7]]
+    assert cols.topk_id.tolist() == [[1, 2], [3, 7], [5, 6]]
     np.testing.assert_allclose(cols.topk_logprob[1], [-0.2, -3.0])
+    assert acc.columns(2, False, None).topk_id.tolist() == [[1, 2], [3, -1], [5, 6]]  # no tokenizer: unknown
+
+
+@pytest.mark.parametrize(
+    "text,n,want",
+    [
+        ("token_id:12 token_id:345 token_id:6", 3, [12, 345, 6]),
+        ("token_id:12 token_id:x5", 2, None),
+        ("token_id:12 token_id:", 2, None),
+        ("token_id:1 token_id:-2", 2, None),
+        ("token_id:99999999999 token_id:1", 2, None),  # past int32: not a vocabulary id
+        ("token_id:1  token_id:2", 2, None),
+        ("token_id:1 token_id:2", 3, None),
+        ("token_id:١ token_id:2", 2, None),  # a non-ASCII digit
+    ],
+)
+def test_token_id_parse_takes_exactly_the_vllm_form(text, n, want):
+    """The bulk parse sees only text it has checked, so numpy never warns or guesses."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = token_id_ints(text, n)
+    assert (out is None and want is None) or out.tolist() == want
 
 
 def test_stream_with_infinity_and_crlf_events_parses_through_the_client():

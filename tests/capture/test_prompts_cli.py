@@ -15,6 +15,7 @@ from replay import ReplayServer, routes_for
 from capture.prompts import load_prompts
 from capture.tokens import TokenMapper
 from tracekit.errors import ConfigError
+from tracekit.modelinfo import eos_token_ids
 from tracekit.store import TraceReader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,21 @@ def test_token_strings_map_through_byte_level_bpe():
     m = TokenMapper(TOKENIZER)
     assert m([" if", "\n", "(", bytes([32, 105, 102])]) == [297, 200, 9, 297]
     assert m(["\u00e9\u00e9\u00e9 not a token"]) == [-1] and m.misses == 1
-    assert m.eos_token_ids() == [0]
+    assert eos_token_ids(TOKENIZER) == (0,)  # EOS ids: the one reader, tracekit/modelinfo.py
+
+
+def test_token_strings_map_through_sentencepiece_pieces(tmp_path):
+    """A SentencePiece-style vocab (Metaspace, byte fallback): " if" is "\u2581if", a newline
+    with no piece of its own is "<0x0A>"; what is in neither form stays unknown (-1)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "\u2581if": 1, "if": 2, "<0x0A>": 3, "\u2581": 4, "x": 5}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    m = TokenMapper(tmp_path)
+    assert m([" if", "if", "\n", b"\n", " x", "zz"]) == [1, 2, 3, 3, -1, -1] and m.misses == 2
 
 
 def _cli(*args, env=None):

@@ -2,14 +2,19 @@
 teacher forcing a local model (`--teacher-forced MODEL`). Exactly one of the two.
 
 The command only parses options and dispatches: `capture.capture_run.run_capture`
-for HTTP, `capture.teacher.cli_run(**opts)` for teacher forcing. Exit codes:
-0 every request ok, 1 some request failed (the trace still holds its row),
-2 usage, 3 tool error.
+for HTTP, `capture.teacher.run_from_options` for teacher forcing. Every option is
+declared once, in OPTIONS, with the mode it belongs to; an option of one mode given
+in the other is a usage error. Exit codes: 0 every request ok, 1 some request failed
+(the trace still holds its row), 2 usage, 3 tool error, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import click
 
@@ -24,6 +29,11 @@ EPILOG = """Examples:
       --history full,prefix:auto,decode --dtype fp32,bf16 --out diag.h5
 """
 
+HTTP, TEACHER, BOTH = "--http", "--teacher-forced", "both"
+MODE_LABEL = {HTTP: "HTTP", TEACHER: "Teacher-forced"}
+TEACHER_MAX_TOKENS = 32  # --max-tokens of a teacher-forced run when not given
+TEACHER_DTYPE = "fp32"
+
 
 def _kv(ctx, param, values):
     out = {}
@@ -35,6 +45,180 @@ def _kv(ctx, param, values):
     return out
 
 
+@dataclass(frozen=True)
+class Opt:
+    """One option: its Python name, its flags, which mode takes it, click's settings."""
+
+    name: str
+    decls: tuple[str, ...]
+    mode: str
+    kw: dict = field(default_factory=dict)
+
+    @property
+    def flag(self) -> str:
+        return next(d for d in self.decls if d.startswith("--")).split("/")[0]
+
+
+OPTIONS = (
+    # ---- both modes ----------------------------------------------------------
+    Opt(
+        "prompts",
+        ("--prompts",),
+        BOTH,
+        dict(type=click.Path(dir_okay=False), help="JSONL prompt set (docs/capture.md)."),
+    ),
+    Opt("out", ("--out",), BOTH, dict(type=click.Path(dir_okay=False), help="Trace file to write (.h5).")),
+    Opt(
+        "max_tokens",
+        ("--max-tokens",),
+        BOTH,
+        dict(
+            type=int,
+            help="Tokens to generate per request. HTTP: when given it wins over a prompt's own max_tokens "
+            "(said on stderr); else the prompt's, else 32. Teacher-forced: for every prompt (default 32).",
+        ),
+    ),
+    Opt(
+        "top_logprobs",
+        ("--top-logprobs",),
+        BOTH,
+        dict(default=20, show_default=True, help="Top-k to ask for and store."),
+    ),
+    Opt(
+        "dtype",
+        ("--dtype",),
+        BOTH,
+        dict(
+            metavar="D",
+            help="HTTP: the dtype the engine runs (fp32|bf16|fp16), recorded as the run's `dtype` when the engine "
+            "does not report it. Teacher-forced: dtypes to run, D,... of fp32,bf16,fp16 (default fp32).",
+        ),
+    ),
+    Opt("as_json", ("--json", "as_json"), BOTH, dict(is_flag=True, help="Print one JSON summary on stdout.")),
+    # ---- --http ----------------------------------------------------------------
+    Opt(
+        "concurrency", ("--concurrency",), HTTP, dict(default=1, show_default=True, help="Requests in flight at most.")
+    ),
+    Opt(
+        "ignore_eos",
+        ("--ignore-eos/--no-ignore-eos",),
+        HTTP,
+        dict(default=None, help="Keep generating past EOS (engines that support it); default: the prompt's own."),
+    ),
+    Opt("stream", ("--stream/--no-stream",), HTTP, dict(default=True, show_default=True, help="SSE streaming.")),
+    Opt(
+        "dialect",
+        ("--dialect",),
+        HTTP,
+        dict(
+            default="auto",
+            show_default=True,
+            type=click.Choice(["auto", "openai", "openai-chat", "vllm", "sglang", "tgi", "llamacpp"]),
+            help="The server's wire format; auto probes and records why.",
+        ),
+    ),
+    Opt(
+        "logprobs_mode",
+        ("--logprobs-mode",),
+        HTTP,
+        dict(
+            default="auto",
+            show_default=True,
+            type=click.Choice(["auto", "raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]),
+            help="What the engine's logprob fields hold (vLLM --logprobs-mode). *_logits: they are logits, "
+            "stored as raw top-k logits; auto: what the engine reports, else raw_logprobs.",
+        ),
+    ),
+    Opt(
+        "tokenizer",
+        ("--tokenizer",),
+        HTTP,
+        dict(type=click.Path(file_okay=False), help="Tokenizer dir: token strings -> ids."),
+    ),
+    Opt("model", ("--model",), HTTP, dict(default="", help="Model name to send (default: the first of /v1/models).")),
+    Opt(
+        "api_key_env",
+        ("--api-key-env",),
+        HTTP,
+        dict(metavar="VAR", help="Read the API key from env VAR; sent as a Bearer header, never stored."),
+    ),
+    Opt("timeout_s", ("--timeout-s",), HTTP, dict(default=600.0, show_default=True, help="Per-request timeout (s).")),
+    Opt(
+        "arrival", ("--arrival",), HTTP, dict(default="burst", show_default=True, help="burst | poisson:RATE (req/s).")
+    ),
+    Opt("seed", ("--seed",), HTTP, dict(default=0, show_default=True, help="Seed of the Poisson arrivals.")),
+    Opt(
+        "repeat", ("--repeat",), HTTP, dict(default=1, show_default=True, help="Send each prompt K times (keys #r<k>).")
+    ),
+    Opt(
+        "resume",
+        ("--resume",),
+        HTTP,
+        dict(
+            is_flag=True, help="Keep the ok rows of --out (same configuration only) and run the missing or failed keys."
+        ),
+    ),
+    Opt(
+        "run_meta",
+        ("--run-meta",),
+        HTTP,
+        dict(multiple=True, callback=_kv, metavar="KEY=VALUE", help="Extra labels for the run metadata (cache=on)."),
+    ),
+    # ---- --teacher-forced --------------------------------------------------------
+    Opt(
+        "from_path",
+        ("--from", "from_path"),
+        TEACHER,
+        dict(type=click.Path(dir_okay=False), metavar="TRACE", help="Replay the requests of this trace."),
+    ),
+    Opt("keys", ("--keys",), TEACHER, dict(metavar="K,...", help="Only these request keys of --from.")),
+    Opt(
+        "history",
+        ("--history",),
+        TEACHER,
+        dict(default="full", show_default=True, metavar="H,...", help="full,prefix:B,prefix:auto,chunked:C,decode."),
+    ),
+    Opt(
+        "attn",
+        ("--attn",),
+        TEACHER,
+        dict(
+            default="auto",
+            show_default=True,
+            type=click.Choice(["sdpa", "eager", "sdpa_lower_right", "auto"]),
+            help="Attention implementation; sdpa_lower_right keeps SDPA's flash kernel for cached segments on "
+            "CUDA (bitwise sdpa on CPU); auto = sdpa_lower_right on CUDA, sdpa on CPU.",
+        ),
+    ),
+    Opt(
+        "device",
+        ("--device",),
+        TEACHER,
+        dict(default="cpu", show_default=True, help="cpu, cuda[:N], or auto (device_map=auto over all GPUs)."),
+    ),
+    Opt(
+        "no_cuda_graphs",
+        ("--no-cuda-graphs",),
+        TEACHER,
+        dict(
+            is_flag=True, help="Run decode steps eagerly on CUDA (default: CUDA graphs, the same logits, ~2x faster)."
+        ),
+    ),
+    Opt("full_logits", ("--full-logits",), TEACHER, dict(is_flag=True, help="Also store full-vocabulary logits.")),
+    Opt("force", ("--force",), TEACHER, dict(is_flag=True, help="Write --full-logits even over 1 GB.")),
+)
+
+
+def _with_options(f):
+    for o in reversed(OPTIONS):
+        kw = dict(o.kw)
+        if o.mode != BOTH:
+            h = kw.get("help", "")
+            kw["help"] = f"{MODE_LABEL[o.mode]}: {h[:1].lower()}{h[1:]}"
+        f = click.option(*o.decls, **kw)(f)
+    return f
+
+
 @click.command(epilog=EPILOG)
 @click.option("--http", "url", metavar="URL", help="Capture from the server at URL (e.g. http://127.0.0.1:8000).")
 @click.option(
@@ -43,142 +227,50 @@ def _kv(ctx, param, values):
     metavar="MODEL",
     help="Teacher-forced diagnostic on a local HF model directory (see docs/diagnostic.md).",
 )
-# ---- --http options --------------------------------------------------------
-@click.option("--prompts", type=click.Path(dir_okay=False), help="JSONL prompt set (docs/capture.md).")
-@click.option("--out", type=click.Path(dir_okay=False), help="Trace file to write (.h5).")
-@click.option("--concurrency", default=1, show_default=True, help="Requests in flight at most.")
-@click.option("--max-tokens", default=32, show_default=True, help="Tokens to generate per request.")
-@click.option("--top-logprobs", default=20, show_default=True, help="Top-k logprobs to ask for and store.")
-@click.option("--ignore-eos", is_flag=True, help="Keep generating past EOS (engines that support it).")
-@click.option("--stream/--no-stream", default=True, show_default=True, help="SSE streaming (per-token times).")
-@click.option(
-    "--dialect",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "openai", "openai-chat", "vllm", "sglang", "tgi", "llamacpp"]),
-    help="The server's wire format; auto probes and records why.",
-)
-@click.option("--tokenizer", type=click.Path(file_okay=False), help="Tokenizer dir, to map token strings to ids.")
-@click.option("--model", default="", help="Model name to send (default: the first of /v1/models).")
-@click.option(
-    "--api-key-env", metavar="VAR", help="Read the API key from env VAR; sent as a Bearer header, never stored."
-)
-@click.option("--timeout-s", default=600.0, show_default=True, help="Per-request timeout in seconds.")
-@click.option("--arrival", default="burst", show_default=True, help="burst | poisson:RATE (requests/s).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the Poisson arrivals.")
-@click.option("--repeat", default=1, show_default=True, help="Send each prompt K times (keys get #r<k>).")
-@click.option("--resume", is_flag=True, help="Keep the ok rows of --out and run only missing or failed keys.")
-@click.option(
-    "--run-meta",
-    multiple=True,
-    callback=_kv,
-    metavar="KEY=VALUE",
-    help="Extra labels for the run metadata (e.g. cache=on).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary on stdout.")
-# ---- --teacher-forced options (added by the teacher-forced helper) ---------
-# TEACHER-FORCED OPTIONS: add `@click.option(...)` lines here; they reach
-# `capture.teacher.cli_run(**opts)` through `teacher_opts` below.
-@click.option(
-    "--from",
-    "from_path",
-    type=click.Path(dir_okay=False),
-    metavar="TRACE",
-    help="Teacher-forced: replay the requests of this trace (prompt ids + generated ids).",
-)
-@click.option("--keys", metavar="K,...", help="Teacher-forced: only these request keys of --from.")
-@click.option(
-    "--history",
-    default="full",
-    show_default=True,
-    metavar="H,...",
-    help="Teacher-forced: cache histories, full,prefix:B,prefix:auto,chunked:C,decode.",
-)
-@click.option("--dtype", default="fp32", show_default=True, metavar="D,...", help="Teacher-forced: fp32,bf16,fp16.")
-@click.option(
-    "--attn",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["sdpa", "eager", "sdpa_lower_right", "auto"]),
-    help="Teacher-forced: attention implementation; sdpa_lower_right keeps SDPA's flash kernel for "
-    "cached segments on CUDA (bitwise sdpa on CPU); auto = sdpa_lower_right on CUDA, sdpa on CPU.",
-)
-@click.option(
-    "--device",
-    default="cpu",
-    show_default=True,
-    help="Teacher-forced: cpu, cuda[:N], or auto (device_map=auto over all GPUs).",
-)
-@click.option(
-    "--no-cuda-graphs",
-    is_flag=True,
-    help="Teacher-forced: run decode steps eagerly on CUDA (default: CUDA graphs with eager attention, "
-    "the same logits, ~2x faster).",
-)
-@click.option("--full-logits", is_flag=True, help="Teacher-forced: also store full-vocabulary logits.")
-@click.option("--force", is_flag=True, help="Teacher-forced: write --full-logits even over 1 GB.")
+@_with_options
 @click.pass_context
-def cmd(ctx, url, teacher_model, as_json, **opts):
+def cmd(ctx, url, teacher_model, **opts):
     """Capture a trace from an engine over HTTP, or teacher-forced from a model."""
     if bool(url) == bool(teacher_model):
         raise click.UsageError("give exactly one of --http URL or --teacher-forced MODEL")
-    if teacher_model:
-        # ---- TEACHER-FORCED DISPATCH ----
-        from capture import teacher
-
-        _only_for(ctx, "--http", HTTP_ONLY)
-        ctx.exit(teacher.cli_run(teacher_forced=teacher_model, as_json=as_json, **opts) or 0)
-    _only_for(ctx, "--teacher-forced", TEACHER_ONLY)
-    ctx.exit(_run_http(url, as_json, opts))
+    mode = HTTP if url else TEACHER
+    _only_for(ctx, mode)
+    mine = {o.name: opts[o.name] for o in OPTIONS if o.mode in (mode, BOTH)}
+    as_json = mine.pop("as_json")
+    ctx.exit(_run_http(url, as_json, mine) if url else _run_teacher(teacher_model, as_json, mine))
 
 
-# Options of one mode given in the other: a usage error, not silently ignored.
-HTTP_ONLY = (
-    "concurrency",
-    "ignore_eos",
-    "stream",
-    "dialect",
-    "tokenizer",
-    "model",
-    "api_key_env",
-    "timeout_s",
-    "arrival",
-    "seed",
-    "repeat",
-    "resume",
-    "run_meta",
-)
-TEACHER_ONLY = ("from_path", "keys", "history", "dtype", "attn", "device", "full_logits", "force", "no_cuda_graphs")
-
-
-def _only_for(ctx, mode: str, names: tuple[str, ...]) -> None:
+def _only_for(ctx, mode: str) -> None:
+    """Options of the other mode given on the command line: a usage error, never silently ignored."""
     from click.core import ParameterSource
 
-    given = [n for n in names if ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE]
+    other = [o for o in OPTIONS if o.mode not in (mode, BOTH)]
+    given = [o.flag for o in other if ctx.get_parameter_source(o.name) == ParameterSource.COMMANDLINE]
     if given:
-        flags = ", ".join("--" + ("from" if n == "from_path" else n.replace("_", "-")) for n in given)
-        raise click.UsageError(f"{flags}: only with {mode}")
+        raise click.UsageError(f"{', '.join(given)}: only with {HTTP if mode == TEACHER else TEACHER}")
 
 
-HTTP_OPTIONS = (
-    "prompts",
-    "out",
-    "concurrency",
-    "max_tokens",
-    "top_logprobs",
-    "ignore_eos",
-    "stream",
-    "dialect",
-    "tokenizer",
-    "model",
-    "api_key_env",
-    "timeout_s",
-    "arrival",
-    "seed",
-    "repeat",
-    "resume",
-    "run_meta",
-)
+def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
+    from capture import teacher
+
+    opts["max_tokens"] = opts["max_tokens"] if opts["max_tokens"] is not None else TEACHER_MAX_TOKENS
+    opts["dtype"] = opts["dtype"] or TEACHER_DTYPE
+    s = teacher.run_from_options(teacher_forced=model, **opts)
+    if as_json:
+        click.echo(json.dumps(s.as_dict(), sort_keys=True))
+    else:
+        click.echo(
+            f"{s.path}: {s.rows} teacher-forced rows ({s.sequences} sequences x histories x dtypes); "
+            + ", ".join(f"{d} {t:.1f}s" for d, t in s.seconds_by_dtype.items())
+        )
+    if s.skipped:
+        click.echo(
+            f"note: {len(s.skipped)} (sequence, history) pairs did not apply and have no row: "
+            + ", ".join(s.skipped[:5])
+            + (" ..." if len(s.skipped) > 5 else ""),
+            err=True,
+        )
+    return 0
 
 
 def _run_http(url: str, as_json: bool, opts: dict) -> int:
@@ -187,8 +279,11 @@ def _run_http(url: str, as_json: bool, opts: dict) -> int:
     for need in ("prompts", "out"):
         if not opts.get(need):
             raise click.UsageError(f"--http needs --{need}")
-    cfg = CaptureConfig(url=url, **{k: opts[k] for k in HTTP_OPTIONS})
-    s = run_capture(cfg)
+    try:
+        s = run_capture(CaptureConfig(url=url, **opts))
+    except KeyboardInterrupt:
+        _interrupted(opts["out"])
+        return 130
     if as_json:
         click.echo(json.dumps(s.as_dict(), sort_keys=True))
     else:
@@ -210,3 +305,17 @@ def _run_http(url: str, as_json: bool, opts: dict) -> int:
     if s.failed > 5:
         click.echo(f"... and {s.failed - 5} more failed requests (see the trace's error column)", err=True)
     return 1 if s.failed else 0
+
+
+def _interrupted(out: str) -> None:
+    """Ctrl-C: say what the trace holds and the command that completes the run."""
+    args = sys.argv[1:] if sys.argv[1:2] == ["capture"] else ["capture", *sys.argv[1:]]
+    again = "tracekit " + shlex.join(args + ([] if "--resume" in args else ["--resume"]))
+    if Path(out).exists():
+        click.echo(
+            f"Interrupted: {out} keeps every finished request (in-flight ones as `cancelled` rows); "
+            f"to complete the run: {again}",
+            err=True,
+        )
+    else:
+        click.echo("Interrupted before any request was written; nothing to resume.", err=True)

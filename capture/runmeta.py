@@ -1,0 +1,161 @@
+"""What an HTTP capture records about its run, and what `--resume` checks against it.
+
+- the dtype the engine runs (`dtype`, `dtype_source`): the engine's own report where it
+  gives one (tracekit serve's `/v1/models` meta, vLLM's `/server_info`, SGLang's
+  `/get_server_info`, TGI's `/info`), else the `--dtype` label, else unknown (null);
+  the classifier picks its grid from it;
+- what the logprob fields hold (`logprobs_mode`, `logprobs_mode_source`): vLLM's
+  `--logprobs-mode raw_logits` / `processed_logits` return logits there, which the
+  capture stores as raw top-k logits (`topk_logit`), never as logprobs;
+- the effective sampling of the planned requests (command line over prompt file);
+- the parts of a configuration a resumed run must share with the trace it completes.
+
+No I/O except the probes in `engine_numerics`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracekit import dtypes
+from tracekit.errors import ConfigError
+
+from .dialects import RequestSpec
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
+LOGIT_MODES = ("raw_logits", "processed_logits")
+
+# Engine spellings of a dtype -> tracekit's name ("auto" and the like are not a dtype).
+_DTYPE_NAMES = {
+    "float32": "fp32",
+    "float": "fp32",
+    "fp32": "fp32",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp16": "fp16",
+}
+
+
+def dtype_name(value: Any) -> str | None:
+    """'torch.bfloat16', 'bfloat16', 'BF16', ... -> 'bf16'; None for anything else ('auto')."""
+    if not isinstance(value, str):
+        return None
+    v = value.strip().lower().removeprefix("torch.")
+    return _DTYPE_NAMES.get(v)
+
+
+async def engine_numerics(session, base: str, dialect: str, engine: dict) -> dict:
+    """{'dtype': ..., 'logprobs_mode': ..., 'source': {...}} as far as the engine reports them.
+    Probes only the engine's own routes for its dialect; a route that fails reports nothing."""
+    from .probe import _get  # the probe's GET: status, JSON, headers; never raises
+
+    meta = (engine.get("v1_models") or {}).get("meta") or {}
+    found: dict = {"dtype": None, "logprobs_mode": None, "source": {}}
+    if dtype_name(meta.get("dtype")):  # tracekit serve
+        found["dtype"], found["source"]["dtype"] = dtype_name(meta["dtype"]), "/v1/models meta.dtype"
+    if dialect == "vllm" and found["dtype"] is None:
+        # Only with VLLM_SERVER_DEV_MODE=1; a production server answers 404.
+        st, body, _ = await _get(session, base + "/server_info?config_format=json")
+        mc = (
+            ((body or {}).get("vllm_config") or {}).get("model_config")
+            if st == 200 and isinstance(body, dict)
+            else None
+        )
+        if isinstance(mc, dict):
+            if dtype_name(mc.get("dtype")):
+                found["dtype"], found["source"]["dtype"] = dtype_name(mc["dtype"]), "/server_info model_config.dtype"
+            if mc.get("logprobs_mode") in LOGPROBS_MODES:
+                found["logprobs_mode"] = mc["logprobs_mode"]
+                found["source"]["logprobs_mode"] = "/server_info model_config.logprobs_mode"
+    elif dialect == "sglang":
+        st, body, _ = await _get(session, base + "/get_server_info")
+        if st == 200 and isinstance(body, dict) and dtype_name(body.get("dtype")):
+            found["dtype"], found["source"]["dtype"] = dtype_name(body["dtype"]), "/get_server_info dtype"
+    elif dialect == "tgi":
+        st, body, _ = await _get(session, base + "/info")
+        if st == 200 and isinstance(body, dict) and dtype_name(body.get("model_dtype")):
+            found["dtype"], found["source"]["dtype"] = dtype_name(body["model_dtype"]), "/info model_dtype"
+    return found
+
+
+def resolve_dtype(label: str | None, run_meta_label: str | None, found: dict) -> tuple[str | None, str]:
+    """(dtype, where it came from). The engine's report wins; a label that contradicts it is an
+    error (one of the two is wrong, and the classifier's grid depends on it)."""
+    labels = {dtypes.get(x, "--dtype").name for x in (label, run_meta_label) if x}
+    if len(labels) > 1:
+        raise ConfigError(f"--dtype {label} and --run-meta dtype={run_meta_label} disagree; give one")
+    given = labels.pop() if labels else None
+    engine = found.get("dtype")
+    if engine and given and engine != given:
+        raise ConfigError(
+            f"--dtype {given}: the engine reports {engine} ({found['source']['dtype']}); "
+            "drop --dtype or fix the engine's configuration"
+        )
+    if engine:
+        return engine, f"engine: {found['source']['dtype']}"
+    if given:
+        return given, "--dtype" if label else "--run-meta dtype"
+    return None, "unknown: the engine does not report it; pass --dtype fp32|bf16|fp16"
+
+
+def resolve_logprobs_mode(option: str, found: dict) -> tuple[str, str]:
+    """(mode, where it came from); --logprobs-mode other than auto wins, else the engine's report."""
+    if option != "auto":
+        if option not in LOGPROBS_MODES:
+            raise ConfigError(f"--logprobs-mode {option!r}: expected auto or one of {', '.join(LOGPROBS_MODES)}")
+        engine = found.get("logprobs_mode")
+        if engine and engine != option:
+            raise ConfigError(
+                f"--logprobs-mode {option}: the engine reports {engine} ({found['source']['logprobs_mode']})"
+            )
+        return option, "--logprobs-mode"
+    if found.get("logprobs_mode"):
+        return found["logprobs_mode"], f"engine: {found['source']['logprobs_mode']}"
+    return "raw_logprobs", "default (the engine does not report it; vLLM's default)"
+
+
+def sampling(specs: list[RequestSpec], stream: bool) -> dict:
+    """The effective sampling of the planned requests: one value each, or the sorted distinct
+    values when prompts set their own."""
+
+    def one(values):
+        vs = sorted(set(values))
+        return vs[0] if len(vs) == 1 else vs
+
+    return {
+        "max_tokens": one(s.max_tokens for s in specs),
+        "top_logprobs": one(s.top_logprobs for s in specs),
+        "ignore_eos": one(s.ignore_eos for s in specs),
+        "temperature": one(s.temperature for s in specs),
+        "stream": stream,
+    }
+
+
+# The parts of a run that every row of one trace must share (issue 15): resuming with another
+# value would mix runs under one run metadata.
+RESUME_KEYS = ("prompts.sha256", "dialect", "sampling", "concurrency", "repeat", "arrival", "logprobs_mode", "dtype")
+
+
+def _part(run: dict, dotted: str):
+    v: Any = run
+    for k in dotted.split("."):
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+
+
+def _shown(v) -> str:
+    return repr(v[:12] + "...") if isinstance(v, str) and len(v) == 64 else repr(v)  # a sha256: its start
+
+
+def check_resumable(path: str, old: dict, new: dict) -> None:
+    """Refuse to complete a trace whose run differs from this one in any RESUME_KEYS part."""
+    diffs = [
+        f"{k} {_shown(_part(old, k))} -> {_shown(_part(new, k))}" for k in RESUME_KEYS if _part(old, k) != _part(new, k)
+    ]
+    if diffs:
+        raise ConfigError(
+            f"{path}: cannot --resume with another configuration ({'; '.join(diffs)}); "
+            "rerun with the trace's own options, or write a new --out"
+        )
