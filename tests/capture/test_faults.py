@@ -14,6 +14,7 @@ import pytest
 from capture_helpers import write_prompts
 from replay import ReplayServer, routes_for
 
+from tracekit.errors import TracekitError
 from tracekit.store import TraceReader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,14 +74,15 @@ def test_resume_runs_exactly_the_failed_and_missing_keys(capture_to, tmp_path):
         assert s.counts["error"] == 1
         srv.armed = False
         srv.requests.clear()
-        prompts.append({"id": "d", "prompt": "z"})
-        s2, out2 = capture_to(srv.url, prompts, name="r.h5", resume=True)
-        assert sorted(q["body"]["prompt"] for q in srv.requests) == ["FAULT:500", "z"]
-    assert s2.kept == 2 and s2.counts["ok"] == 2 and s2.failed == 0
+        with pytest.raises(TracekitError, match="prompts.sha256"):  # another prompt set: refused (issue 15)
+            capture_to(srv.url, [*prompts, {"id": "d", "prompt": "z"}], name="r.h5", resume=True)
+        s2, out2 = capture_to(srv.url, prompts, name="r.h5", resume=True)  # missing keys: test_sigkill_then_resume
+        assert sorted(q["body"]["prompt"] for q in srv.requests) == ["FAULT:500"]
+    assert s2.kept == 2 and s2.counts["ok"] == 1 and s2.failed == 0
     with TraceReader(out2) as r:
-        assert sorted(r.requests.key) == ["a", "b", "c", "d"]
+        assert sorted(r.requests.key) == ["a", "b", "c"]
         assert set(r.requests.status) == {"ok"}
-        assert all(len(r.tokens(i)) == 12 for i in range(4))
+        assert all(len(r.tokens(i)) == 12 for i in range(3))
     assert not (tmp_path / "r.h5.resume-prev").exists()
 
 
