@@ -160,12 +160,10 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
     ]
     gaps = [g for c in eng.values() if c.variant != "burst" for g in c.gaps]
     if gaps:
-        extra.append(
-            f"alone, A's and B's tokens are {min(gaps):.3g}-{max(gaps):.3g} nats apart at t: a near-tie that "
-            "the live variants did not tip; more --repeats may"
-            if max(gaps) <= 0.125
-            else f"alone, A's and B's tokens are {min(gaps):.3g}-{max(gaps):.3g} nats apart at t"
-        )
+        lo, hi = min(gaps), max(gaps)
+        span = f"{lo:.3g}" if lo == hi else f"{lo:.3g}-{hi:.3g}"
+        near = ": a near-tie the live variants did not tip; more --repeats may" if hi <= 0.125 else ""
+        extra.append(f"alone, A's and B's tokens are {span} nats apart at t{near}")
     tail = f" ({'; '.join(([live] if live else []) + extra + early)})"
     return "bug", "not reproduced by any numeric variant — report as a bug" + tail
 
