@@ -80,25 +80,22 @@ async def _read_stream(resp: aiohttp.ClientResponse, dialect: Dialect, acc: Acc,
     parse = dialect.parse_event
     feed = dec.feed_data
     n = 0
-    try:
-        async for chunk in resp.content.iter_any():
-            t = clock()  # one clock read per network chunk: its events arrived together
-            for data in feed(chunk):
-                if type(data) is not bytes:  # an event with an `event:` type
-                    if data.event == "error":
-                        raise EngineErrorEvent(f"error event: {data.data[:ERROR_EXCERPT]}")
-                    data = data.data.encode()
-                if data == b"[DONE]":
-                    acc.done = True
-                    continue
-                n += 1
-                try:
-                    obj = loads(data)
-                except ValueError:
-                    obj = _loads_slow(data, n)
-                parse(obj, acc, t)
-    finally:
-        acc.n_events = n
+    async for chunk in resp.content.iter_any():
+        t = clock()  # one clock read per network chunk: its events arrived together
+        for data in feed(chunk):
+            if type(data) is not bytes:  # an event with an `event:` type
+                if data.event == "error":
+                    raise EngineErrorEvent(f"error event: {data.data[:ERROR_EXCERPT]}")
+                data = data.data.encode()
+            if data == b"[DONE]":
+                acc.done = True
+                continue
+            n += 1
+            try:
+                obj = loads(data)
+            except ValueError:
+                obj = _loads_slow(data, n)
+            parse(obj, acc, t)
     if dec.partial:
         raise StreamProtocolError(f"stream cut mid-event after {n} events")
     if not acc.done:
