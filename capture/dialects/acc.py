@@ -50,7 +50,6 @@ class Acc:
         "cached_tokens",
         "prompt_ids",
         "done",
-        "n_events",
         "seen",
     )
 
@@ -68,7 +67,6 @@ class Acc:
         self.cached_tokens = -1  # -1: not reported (never 0 for "absent")
         self.prompt_ids: list[int] | None = None
         self.done = False  # the dialect saw its end-of-stream marker
-        self.n_events = 0  # set by the client (capture/client.py)
         self.seen = 0  # tokens consumed, for cumulative streams (SGLang)
 
     def add_token(self, tok_id, logprob, tops, t: float) -> None:
