@@ -205,6 +205,8 @@ def run_variants(cfg: VariantConfig, targets: list[Target]) -> VariantSummary:
 async def _run(cfg: VariantConfig, targets: list[Target]) -> VariantSummary:
     base = cfg.url.rstrip("/")
     key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    if cfg.api_key_env and not key:
+        raise ConfigError(f"--api-key-env {cfg.api_key_env}: the environment variable is not set or empty")
     width = max(1 + len(t.mates) for t in targets)
     summary = VariantSummary(cfg.out, cfg.config)
     async with make_session(width, cfg.timeout_s, key) as session:

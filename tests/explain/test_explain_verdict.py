@@ -4,6 +4,7 @@ excused without a numeric reproduction (built traces, real HDF5, no engine)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -169,3 +170,29 @@ def test_reported_boundary_mismatch_is_said(tmp_path, ab):
     rows = runs("p", "alone:cold", **_as_a(2)) + runs("p", "warm:32", cached=16, **_as_b(2))
     p = _explain(tmp_path, ab, rows)
     assert "warm:32 runs reported reused prefixes {16: 2}, not only 32" in p.evidence
+
+
+def _cli(*args):
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "tracekit", "explain", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)
+
+
+def test_cli_errors(tmp_path, ab):
+    """Usage errors exit 2, an unreachable engine exits 3, each with one `Error:` line; a
+    chosen key that does not diverge is skipped, said, and nothing is sent."""
+    for args, rc in (
+        ((ab[0], "--url", "http://x"), 2),  # one trace
+        ((*ab, "--url", "http://x", "--json", "--markdown"), 2),
+        ((*ab, "--url", "http://127.0.0.1:9", "--out", tmp_path / "o"), 3),  # nothing listens on port 9
+    ):
+        out = _cli(*args)
+        assert out.returncode == rc, out.stderr
+        assert out.stderr.startswith("Error: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    same = write(tmp_path / "same.h5", [(record("p", cached=0), columns(A_TOK, near=NEAR_A))])
+    out = _cli(ab[0], same, "--url", "http://127.0.0.1:9", "--keys", "p,q", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["pairs"] == [] and doc["skipped"] == ["p: identical, no differing token to replay", "q: not in A or B"]

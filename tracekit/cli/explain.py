@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,9 @@ class ExplainOptions:
 
 
 def _log(msg: str) -> None:
-    click.echo(msg, err=True)
+    """Progress on stderr, only on a terminal (stdout carries the verdicts)."""
+    if sys.stderr.isatty():
+        click.echo(msg, err=True)
 
 
 def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str] | None = None):
