@@ -143,3 +143,24 @@ def test_killed_file_without_journal_is_a_clear_error(tmp_path):
 def test_kill_points_cover_twenty():
     """The issue asks for at least 20 distinct kill points."""
     assert len(set(KILL_POINTS)) >= 20
+
+
+def test_a_reused_pid_does_not_make_a_killed_file_live(tmp_path):
+    """The killed writer's pid may belong to another process by the time a reader comes
+    (pids wrap). Its journal lock, which the kernel dropped at the kill, decides: the file
+    is recovered, never opened as a live SWMR file (which can hang on a killed one)."""
+    from tracekit.store import journal
+
+    path = tmp_path / "k.h5"
+    flushed = _kill_at(path, 4, 0.0)
+    jp = journal.journal_path(path)
+    data = jp.read_bytes()
+    _, n, _ = journal._HEAD.unpack_from(data, 0)
+    meta, _ = journal._decode(data[journal._HEAD.size : journal._HEAD.size + n])
+    meta["pid"] = os.getpid()  # alive: this test process
+    meta.pop("arrays")
+    jp.write_bytes(journal._encode(meta) + data[journal._HEAD.size + n :])
+    assert journal.read_journal(jp)[0]["pid"] == os.getpid()
+    with TraceReader(path) as r:
+        assert not r.live and len(r) >= flushed
+    assert not jp.exists()

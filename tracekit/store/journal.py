@@ -17,6 +17,7 @@ payload = u32 header length · JSON header · the arrays' raw bytes, in header o
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import socket
@@ -65,6 +66,12 @@ class JournalWriter:
     def __init__(self, trace: str | os.PathLike, meta: RunMeta):
         self.path = journal_path(trace)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Held for the writer's lifetime; the kernel drops it when the process dies, even by
+        # SIGKILL: a reader that can take it knows the writer is gone (a pid can be reused).
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass  # a filesystem without locks: readers fall back to the pid
         self._write(
             _encode(
                 {
@@ -136,8 +143,24 @@ def read_journal(path: str | os.PathLike) -> tuple[dict, list[tuple]]:
     return meta, items
 
 
-def writer_alive(meta: dict) -> bool:
-    """Is the process that wrote this journal still running (on this host)?"""
+def writer_alive(meta: dict, path: str | os.PathLike | None = None) -> bool:
+    """Is the process that wrote this journal still running? The writer holds a lock on
+    its journal for its lifetime (`path`: the journal); where locks are not available,
+    its pid on this host decides."""
+    if path is not None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False  # nobody holds it: the writer is gone
+        except BlockingIOError:
+            return True
+        except OSError:
+            pass  # no locks here: ask the pid
+        finally:
+            os.close(fd)
     if meta.get("host") != socket.gethostname():
         return False
     try:

@@ -20,7 +20,7 @@ from ..errors import SchemaVersionError, TraceFormatError, TracekitError
 from ..schema import FORMAT, FORMAT_VERSION, Layout, RequestRecord, RequestTable, RunMeta, TokenColumns
 from .journal import journal_path, read_journal, writer_alive
 from .recovery import recover
-from .v1 import Opened, first_line, int_attr, read_all, read_v1, str_attr
+from .v1 import Opened, first_line, int_attr, read_all, read_v1, root_attrs, str_attr
 
 
 def _open(path: str, swmr: bool = False) -> h5py.File:
@@ -56,7 +56,7 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
         meta, _ = read_journal(jpath)
     except (OSError, ValueError, KeyError, TypeError):  # no journal, or a damaged first record
         meta = {}
-    if meta and writer_alive(meta):
+    if meta and writer_alive(meta, jpath):
         try:
             return _open(path, swmr=True)
         except H5_ERRORS as e:
@@ -68,6 +68,8 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
         )
     try:
         recover(path)
+    except FileNotFoundError:  # another reader recovered it first and removed the journal
+        pass
     except TracekitError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -81,22 +83,22 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
 
 # format_version -> reader of the request table. An older version is read by its
 # own reader and upgraded in memory by the functions in _UPGRADES (none yet: v1 is the first).
-_READERS: dict[int, Callable[[h5py.File, str, bool], Opened]] = {1: read_v1}
+_READERS: dict[int, Callable[[h5py.File, dict, str, bool], Opened]] = {1: read_v1}
 _UPGRADES: dict[int, Callable[[RunMeta, RequestTable], tuple[RunMeta, RequestTable]]] = {}
 # What h5py raises on a damaged file (KeyError: "incorrect metadata checksum", OSError:
 # "can't read data", ValueError/RuntimeError from broken metadata). Caught only around reads.
 H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError)
 
 
-def _check_header(f: h5py.File, path: str) -> int:
-    if "format" not in f.attrs:
+def _check_header(attrs: dict, path: str) -> int:
+    if "format" not in attrs:
         raise TraceFormatError(f"{path}: HDF5 file without a 'format' attribute: not a tracekit trace")
-    fmt = str_attr(f, "format", path)
+    fmt = str_attr(attrs, "format", path)
     if fmt != FORMAT:
         raise TraceFormatError(f"{path}: format is {fmt!r:.60}, expected {FORMAT!r}: not a tracekit trace")
-    if "format_version" not in f.attrs:
+    if "format_version" not in attrs:
         raise TraceFormatError(f"{path}: missing attribute 'format_version'; the file is incomplete")
-    version = int_attr(f, "format_version", path)
+    version = int_attr(attrs, "format_version", path)
     if version > FORMAT_VERSION:
         raise SchemaVersionError(
             f"{path}: trace format version {version} is newer than this tracekit reads "
@@ -131,8 +133,9 @@ class TraceReader:
         self._f = open_h5(self.path)
         try:
             with damaged(self.path, ""):
-                version = _check_header(self._f, self.path)
-                opened = _READERS[version](self._f, self.path, self.live)
+                attrs = root_attrs(self._f)
+                version = _check_header(attrs, self.path)
+                opened = _READERS[version](self._f, attrs, self.path, self.live)
             meta, table, self._tok, self._prompt = opened.meta, opened.table, opened.tokens, opened.prompt
             while meta.format_version < FORMAT_VERSION:
                 meta, table = _UPGRADES[meta.format_version](meta, table)

@@ -24,7 +24,7 @@ def recover(trace: str | os.PathLike) -> int:
     rm = RunMeta(
         source=meta["source"], run=meta["run"], layout=Layout(**meta["layout"]), created_utc=meta["created_utc"]
     )
-    tmp = Path(os.fspath(trace) + ".recovered")
+    tmp = Path(f"{os.fspath(trace)}.recovered.{os.getpid()}")  # two readers may recover at once
     with TraceWriter(tmp, rm, journal=False) as w:
         w.append_many(items)
     os.replace(tmp, trace)

@@ -34,8 +34,13 @@ def _bad(path: str, where: str, what: str) -> TraceFormatError:
     return TraceFormatError(f"{path}:{where}: {what}; the file is damaged or not written by tracekit (re-capture it)")
 
 
-def str_attr(f: h5py.File, name: str, path: str) -> str:
-    v = f.attrs[name]
+def root_attrs(f: h5py.File) -> dict:
+    """Every root attribute, read once (each read is an HDF5 open + read)."""
+    return {name: f.attrs[name] for name in f.attrs}
+
+
+def str_attr(attrs: dict, name: str, path: str) -> str:
+    v = attrs[name]
     if isinstance(v, (bytes, np.bytes_)):
         try:
             return v.decode("utf-8")
@@ -46,29 +51,29 @@ def str_attr(f: h5py.File, name: str, path: str) -> str:
     raise _bad(path, f" attribute {name!r}", f"expected a string, found {type(v).__name__}")
 
 
-def int_attr(f: h5py.File, name: str, path: str) -> int:
-    v = f.attrs[name]
+def int_attr(attrs: dict, name: str, path: str) -> int:
+    v = attrs[name]
     if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
         return int(v)
     raise _bad(path, f" attribute {name!r}", f"expected an integer, found {v!r:.40}")
 
 
-def read_meta(f: h5py.File, path: str, version: int) -> RunMeta:
-    missing = [n for n in ATTRS if n not in f.attrs]
+def read_meta(a: dict, path: str, version: int) -> RunMeta:
+    missing = [n for n in ATTRS if n not in a]
     if missing:
         raise TraceFormatError(
             f"{path}: missing root attribute {missing[0]!r}; the file is not a complete tracekit trace (re-capture it)"
         )
-    source = str_attr(f, "source", path)
+    source = str_attr(a, "source", path)
     if source not in SOURCES:
         raise _bad(path, " attribute 'source'", f"{source!r:.40} is not one of {', '.join(SOURCES)}")
     try:
-        run = json.loads(str_attr(f, "run", path))
+        run = json.loads(str_attr(a, "run", path))
     except json.JSONDecodeError as e:
         raise _bad(path, " attribute 'run'", f"not JSON ({e})") from None
     if not isinstance(run, dict):
         raise _bad(path, " attribute 'run'", "not a JSON object")
-    topk, raw, vocab = (int_attr(f, n, path) for n in ("topk", "raw_logits", "vocab_size"))
+    topk, raw, vocab = (int_attr(a, n, path) for n in ("topk", "raw_logits", "vocab_size"))
     if topk < 0 or vocab < 0 or raw not in (0, 1):
         raise _bad(path, " attributes", f"topk={topk}, raw_logits={raw}, vocab_size={vocab} out of range")
     return RunMeta(
@@ -76,8 +81,8 @@ def read_meta(f: h5py.File, path: str, version: int) -> RunMeta:
         run=run,
         layout=Layout(topk=topk, raw_logits=bool(raw), vocab_size=vocab),
         format_version=version,
-        writer=str_attr(f, "writer", path),
-        created_utc=str_attr(f, "created_utc", path),
+        writer=str_attr(a, "writer", path),
+        created_utc=str_attr(a, "created_utc", path),
     )
 
 
@@ -167,9 +172,10 @@ def _columns(req: h5py.Group, path: str, live: bool) -> tuple[int, dict]:
     cols = {}
     for name, a in raw.items():
         a = a[:n]
-        if a.dtype.kind == "S":
+        if a.dtype.kind == "S":  # decode each distinct value once (status, finish reasons: a handful)
             try:
-                a = np.array([x.decode("ascii") for x in a.tolist()] or [], dtype=object)
+                uniq, inverse = np.unique(a, return_inverse=True)
+                a = np.array([x.decode("ascii") for x in uniq.tolist()], dtype=object)[inverse]
             except UnicodeDecodeError:
                 raise _bad(path, f"/requests/{name}", "not ASCII text") from None
         cols[name] = a
@@ -178,9 +184,9 @@ def _columns(req: h5py.Group, path: str, live: bool) -> tuple[int, dict]:
 
 def _check_rows(cols: dict, path: str) -> None:
     for name, allowed in ENUMS.items():
-        bad = ~np.isin(cols[name].astype(str), allowed)
-        if bad.any():
-            i = int(np.argmax(bad))
+        bad = set(cols[name]) - set(allowed)
+        if bad:
+            i = int(np.argmax(np.isin(cols[name], list(bad))))
             raise _bad(path, f"/requests/{name}", f"row {i} holds {cols[name][i]!r:.40}, not one of {allowed}")
     for name, lo in (("n_tokens", 0), ("prompt_len", -1), ("cached_tokens", -1), ("http_status", -1)):
         if len(cols[name]) and cols[name].min() < lo:
@@ -238,9 +244,9 @@ class Opened:
     table: RequestTable
 
 
-def read_v1(f: h5py.File, path: str, live: bool) -> Opened:
+def read_v1(f: h5py.File, attrs: dict, path: str, live: bool) -> Opened:
     """Root attributes, token column handles and the request table of a v1 file, all checked."""
-    meta = read_meta(f, path, 1)
+    meta = read_meta(attrs, path, 1)
     tokens = token_datasets(f, meta.layout, path, _logits_access())
     prompt = h5py.Dataset(dataset_id(_group(f, "prompt", path), "token_id", PROMPT_DTYPE, 1, path))
     return Opened(meta, tokens, prompt, _table(f, path, tokens, prompt.shape[0], live))
