@@ -2,19 +2,24 @@
 through an HF causal LM under several KV-cache histories and dtypes, and write
 the logits in the trace format (source "teacher_forced").
 
-`cli_run(**opts)` is what `tracekit capture --teacher-forced MODEL_DIR` calls.
-The library entry points are `run_diagnostic` (sequences -> trace file) and
-`runner.run_histories` (one batch -> logits). torch is imported lazily.
+`run_from_options(...)` is what `tracekit capture --teacher-forced MODEL_DIR` calls
+(the CLI prints its summary; this package writes only progress, on stderr). The
+library entry points are `run_diagnostic` (sequences -> trace file) and
+`trie.run_histories` (one batch -> logits). torch is imported lazily.
 """
 
 from __future__ import annotations
 
-from tracekit.errors import ConfigError
+import sys
 
+from tracekit.errors import ConfigError
+from tracekit.modelinfo import eos_token_ids
+
+from ..prompts import Prompt, load_prompts
 from .diagnostic import DiagnosticConfig, DiagnosticSummary, check_full_logits_size, full_logits_bytes, run_diagnostic
 from .history import History, HistorySpec, parse_dtypes, parse_histories
 from .model import ATTNS
-from .sequences import TokenSequence, from_trace, read_prompts
+from .sequences import TokenSequence, from_trace
 
 __all__ = [
     "DiagnosticConfig",
@@ -22,7 +27,6 @@ __all__ = [
     "History",
     "HistorySpec",
     "TokenSequence",
-    "cli_run",
     "run_from_options",
     "parse_histories",
     "parse_dtypes",
@@ -42,30 +46,6 @@ def _vocab_size(model_dir: str) -> int:
     return int(text.vocab_size)
 
 
-def cli_run(*, as_json: bool = False, **opts) -> int:
-    """`tracekit capture --teacher-forced`: run, print a summary on stdout
-    (one JSON document with --json), return the exit code (0)."""
-    import json
-    import sys
-
-    s = run_from_options(**opts)
-    if as_json:
-        print(json.dumps(s.as_dict(), sort_keys=True))
-    else:
-        print(
-            f"{s.path}: {s.rows} teacher-forced rows ({s.sequences} sequences x histories x dtypes); "
-            + ", ".join(f"{d} {t:.1f}s" for d, t in s.seconds_by_dtype.items())
-        )
-    if s.skipped:
-        print(
-            f"note: {len(s.skipped)} (sequence, history) pairs did not apply and have no row: "
-            + ", ".join(s.skipped[:5])
-            + (" ..." if len(s.skipped) > 5 else ""),
-            file=sys.stderr,
-        )
-    return 0
-
-
 def run_from_options(
     *,
     teacher_forced: str,
@@ -82,10 +62,10 @@ def run_from_options(
     full_logits: bool = False,
     force: bool = False,
     no_cuda_graphs: bool = False,
-    **_ignored,
 ) -> DiagnosticSummary:
     """Run the diagnostic from CLI options (strings as typed); raises ConfigError on bad input.
-    Options of the HTTP capture that do not apply here arrive in **_ignored."""
+    `max_tokens` applies to every prompt of `prompts` (their own `max_tokens` fields are
+    HTTP-capture overrides; a note on stderr says when they differ)."""
     if not out:
         raise ConfigError("--teacher-forced needs --out FILE.h5")
     if (from_path is None) == (prompts is None):
@@ -115,7 +95,8 @@ def run_from_options(
         seqs = from_trace(from_path, [k.strip() for k in keys.split(",") if k.strip()] if keys else None)
         extra = {"from": from_path}
     else:
-        prompt_list = read_prompts(prompts)
+        prompt_list = load_prompts(prompts)
+        _note_own_max_tokens(prompt_list, max_tokens)
         if full_logits:  # bound before generating: every sequence at most max_tokens long
             rows = len(prompt_list) * max_tokens * len(cfg.histories) * len(cfg.dtypes)
             check_full_logits_size(rows * vocab * 4, force)
@@ -126,18 +107,28 @@ def run_from_options(
     return run_diagnostic(cfg, seqs, out, first_model=first, extra_run=extra)
 
 
-def _generate(cfg: DiagnosticConfig, prompt_list, max_tokens: int):
+def _note_own_max_tokens(prompt_list: list[Prompt], max_tokens: int) -> None:
+    own = sorted({p.overrides["max_tokens"] for p in prompt_list if "max_tokens" in p.overrides} - {max_tokens})
+    if own:
+        print(
+            f"note: --max-tokens {max_tokens} applies to every prompt of the teacher-forced run; "
+            f"the prompt file's own max_tokens ({', '.join(map(str, own))}) are not used",
+            file=sys.stderr,
+        )
+
+
+def _generate(cfg: DiagnosticConfig, prompt_list: list[Prompt], max_tokens: int):
     """Greedy sequences in the first asked dtype; returns them and the loaded model."""
     from .model import load_model
-    from .sequences import eos_token_ids, greedy_sequences
+    from .sequences import greedy_sequences
 
     lm = load_model(cfg.model_dir, cfg.dtypes[0], cfg.device, cfg.attn, cfg.cuda_graphs)
     tokenizer = None
-    if any(isinstance(p, str) for _, p in prompt_list):
+    if any(isinstance(p.prompt, str) for p in prompt_list):
         from transformers import AutoTokenizer
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
         except (OSError, ValueError) as e:
             raise ConfigError(f"{cfg.model_dir}: text prompts need a tokenizer in the model directory ({e})") from None
-    return greedy_sequences(lm, prompt_list, tokenizer, max_tokens, eos_token_ids(lm.model)), lm
+    return greedy_sequences(lm, prompt_list, tokenizer, max_tokens, eos_token_ids(cfg.model_dir)), lm

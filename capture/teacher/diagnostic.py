@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracekit.errors import ConfigError
+from tracekit.modelinfo import eos_token_ids
 from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta
 
 from .history import History, HistorySpec
-from .sequences import TokenSequence, eos_token_ids
+from .sequences import TokenSequence
 
 FULL_LOGITS_LIMIT_BYTES = 10**9
 
@@ -209,7 +210,9 @@ def run_diagnostic(
                 # Chunk-size hint (rows x histories x dtypes): a small diagnostic gets a small file.
                 hint = sum(len(q.gen_ids) for q in seqs) * len(cfg.histories) * len(cfg.dtypes)
                 writer = TraceWriter(
-                    out, run_meta(cfg, lm.vocab_size, eos_token_ids(lm.model), extra_run or {}), expected_tokens=hint
+                    out,
+                    run_meta(cfg, lm.vocab_size, eos_token_ids(cfg.model_dir), extra_run or {}),
+                    expected_tokens=hint,
                 )
             summary.rows += write_rows(writer, cfg, lm, seqs, batches)
             summary.seconds_by_dtype[d] = round(time.perf_counter() - t0, 3)

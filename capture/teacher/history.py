@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracekit import dtypes
 from tracekit.errors import ConfigError
 
 KINDS = ("full", "prefix", "chunked", "decode")
@@ -98,18 +99,16 @@ def parse_histories(text: str) -> tuple[HistorySpec, ...]:
     return tuple(specs)
 
 
-DTYPES = ("fp32", "bf16", "fp16")
-
-
 def parse_dtypes(text: str) -> tuple[str, ...]:
+    """A comma-separated `--dtype` list (tracekit/dtypes.py names), in order, without repeats."""
     out: list[str] = []
     for item in (s.strip().lower() for s in text.split(",")):
         if not item:
             continue
-        if item not in DTYPES:
-            raise ConfigError(f"bad dtype {item!r}: expected a comma-separated list of {', '.join(DTYPES)}")
+        if item not in dtypes.DTYPES:
+            raise ConfigError(f"bad dtype {item!r}: expected a comma-separated list of {', '.join(dtypes.NAMES)}")
         if item not in out:
             out.append(item)
     if not out:
-        raise ConfigError(f"--dtype is empty: give one or more of {', '.join(DTYPES)}")
+        raise ConfigError(f"--dtype is empty: give one or more of {', '.join(dtypes.NAMES)}")
     return tuple(out)

@@ -1,20 +1,19 @@
 """Load an HF causal LM for teacher-forced forwards, and its KV-cache helpers.
 
-One home for what every history needs from the model: the dtype table, the
-attention implementation, the forward's cache keyword and cache forking.
-torch and transformers are imported lazily.
+What every history needs from the model: loading it in one dtype (names from
+tracekit/dtypes.py), the attention implementation, the forward's cache keyword
+(tracekit/hfcompat.py) and cache forking. torch and transformers are imported lazily.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from tracekit.dtypes import torch_dtype
 from tracekit.errors import ConfigError
-
-TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from tracekit.hfcompat import cache_keyword
 
 
 @dataclass
@@ -27,12 +26,6 @@ class LoadedModel:
     cache_kw: str  # forward keyword for the KV cache: 'cache' (5.2x) or 'past_key_values'
     vocab_size: int
     cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
-
-
-def cache_keyword(model: Any) -> str:
-    """transformers 5.2x renamed `past_key_values` to `cache` (the old name warns)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def load_model(
@@ -63,7 +56,7 @@ def load_model(
     attn = resolve_attn(attn, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, TORCH_DTYPES[dtype]), attn_implementation=attn, **kwargs
+            model_dir, dtype=torch_dtype(dtype), attn_implementation=attn, **kwargs
         )
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -94,15 +87,6 @@ def resolve_attn(attn: str, device: str) -> str:
 def wrap_model(model: Any, dtype: str, device: str, cuda_graphs: bool = True) -> LoadedModel:
     vocab = int(model.get_output_embeddings().weight.shape[0])
     return LoadedModel(model, dtype, device, cache_keyword(model), vocab, cuda_graphs)
-
-
-def new_cache(model: Any):
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # older signatures take no config
-        return DynamicCache()
 
 
 def fork_cache(cache):

@@ -7,15 +7,15 @@ reason, the engine's reported cached_tokens for prefix:auto).
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from tracekit.errors import ConfigError
 from tracekit.schema import prompt_hash as _prompt_hash
+
+from ..prompts import Prompt
 
 
 @dataclass(frozen=True)
@@ -79,45 +79,24 @@ def from_trace(path: str, keys: list[str] | None = None) -> list[TokenSequence]:
     return out
 
 
-def read_prompts(path: str) -> list[tuple[str, str | list[int]]]:
-    """(id, prompt) pairs of a JSONL prompt file: {"id": ..., "prompt": str | [ids]}."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{path}: no such prompt file")
-    out = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            pid, prompt = str(obj["id"]), obj["prompt"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ConfigError(f"{path}:{n}: expected a JSON object with 'id' and 'prompt'") from None
-        ok = isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))
-        if not ok or not prompt:
-            raise ConfigError(f"{path}:{n}: 'prompt' must be a non-empty string or list of token ids")
-        out.append((pid, prompt))
-    if not out:
-        raise ConfigError(f"{path}: no prompts")
-    return out
-
-
-def greedy_sequences(lm, prompts, tokenizer, max_tokens: int, eos_ids: tuple[int, ...]) -> list[TokenSequence]:
+def greedy_sequences(
+    lm, prompts: list[Prompt], tokenizer, max_tokens: int, eos_ids: tuple[int, ...]
+) -> list[TokenSequence]:
     """Greedy-decode each prompt (one at a time, prefill then decode on a KV
     cache, as serving does), stopping after an EOS id or max_tokens."""
     import torch
 
-    from .model import new_cache
+    from tracekit.hfcompat import new_dynamic_cache
 
     out = []
-    for pid, prompt in prompts:
+    for pid, prompt in ((p.id, p.prompt) for p in prompts):
         # No special tokens added, as `tracekit serve` encodes text prompts.
         ids = list(prompt) if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=False)
         if not ids:
             raise ConfigError(f"prompt {pid!r}: tokenizes to no tokens")
         if max(ids) >= lm.vocab_size or min(ids) < 0:
             raise ConfigError(f"prompt {pid!r}: token id out of range for a vocabulary of {lm.vocab_size}")
-        cache, gen, x = new_cache(lm.model), [], torch.tensor([ids], device=lm.device)
+        cache, gen, x = new_dynamic_cache(lm.model), [], torch.tensor([ids], device=lm.device)
         with torch.inference_mode():
             for _ in range(max_tokens):
                 logits = lm.model(input_ids=x, use_cache=True, logits_to_keep=1, **{lm.cache_kw: cache}).logits
@@ -139,12 +118,3 @@ def greedy_sequences(lm, prompts, tokenizer, max_tokens: int, eos_ids: tuple[int
             )
         )
     return out
-
-
-def eos_token_ids(model) -> tuple[int, ...]:
-    """EOS ids from the generation config, else the model config."""
-    for cfg in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
-        if eos is not None:
-            return tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
-    return ()

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracekit.hfcompat import new_dynamic_cache
+
 from .graphs import MIN_STEPS, NoGraph, decode_chain, graphable
 from .history import History
-from .model import LoadedModel, fork_cache, new_cache
+from .model import LoadedModel, fork_cache
 
 
 def _forward(lm: LoadedModel, ids, cache, keep: int):
@@ -95,7 +97,7 @@ def _run_node(lm, ids, first_scored, hists, depth, start, cache, pieces) -> list
         rest = [h for h in group if len(h.ends) > depth + 1]
         last = i == len(children) - 1
         if rest:
-            child_cache = new_cache(lm.model) if cache is None else (cache if last else fork_cache(cache))
+            child_cache = new_dynamic_cache(lm.model) if cache is None else (cache if last else fork_cache(cache))
         else:
             # A leaf: no later segment reads this cache, but a segment after a
             # prefix must still attend to it (a fork, so siblings see the prefix only).

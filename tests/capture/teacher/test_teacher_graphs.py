@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 
 from capture.teacher.graphs import STATS, NoGraph, decode_chain  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.model import new_cache, resolve_attn, wrap_model  # noqa: E402
+from capture.teacher.model import resolve_attn, wrap_model  # noqa: E402
 from capture.teacher.trie import _forward, run_histories  # noqa: E402
+from tracekit.hfcompat import new_dynamic_cache as new_cache  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 
