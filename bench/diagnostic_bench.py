@@ -35,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from capture.teacher.diagnostic import DiagnosticConfig  # noqa: E402
 from capture.teacher.graphs import STATS as GRAPH_STATS  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.model import ATTNS, TORCH_DTYPES, resolve_attn, wrap_model  # noqa: E402
+from capture.teacher.model import ATTNS, resolve_attn, wrap_model  # noqa: E402
 from capture.teacher.scoring import score  # noqa: E402
 from capture.teacher.trie import run_histories  # noqa: E402
+from tracekit.dtypes import torch_dtype  # noqa: E402
 
 PEAK_BF16_FLOPS = 768e12
 
@@ -85,7 +86,7 @@ def build_model(name: str, dtype: str, device: str, attn: str, cuda_graphs: bool
     torch.manual_seed(0)
     with torch.device(device):  # initialise on the device: a 4B model in seconds, not minutes
         model = AutoModelForCausalLM.from_config(
-            cfg, dtype=getattr(torch, TORCH_DTYPES[dtype]), attn_implementation=resolve_attn(attn, device)
+            cfg, dtype=torch_dtype(dtype), attn_implementation=resolve_attn(attn, device)
         )
     return wrap_model(
         model.to(device).eval(), dtype, device, cuda_graphs
