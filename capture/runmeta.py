@@ -138,10 +138,13 @@ def sampling(specs: list[RequestSpec], stream: bool) -> dict:
 RESUME_KEYS = ("prompts.sha256", "dialect", "sampling", "concurrency", "repeat", "arrival", "logprobs_mode", "dtype")
 
 
+_ABSENT = object()  # a part an older trace's metadata does not have: not compared
+
+
 def _part(run: dict, dotted: str):
     v: Any = run
     for k in dotted.split("."):
-        v = v.get(k) if isinstance(v, dict) else None
+        v = v.get(k, _ABSENT) if isinstance(v, dict) else _ABSENT
     return v
 
 
@@ -152,7 +155,9 @@ def _shown(v) -> str:
 def check_resumable(path: str, old: dict, new: dict) -> None:
     """Refuse to complete a trace whose run differs from this one in any RESUME_KEYS part."""
     diffs = [
-        f"{k} {_shown(_part(old, k))} -> {_shown(_part(new, k))}" for k in RESUME_KEYS if _part(old, k) != _part(new, k)
+        f"{k} {_shown(_part(old, k))} -> {_shown(_part(new, k))}"
+        for k in RESUME_KEYS
+        if _part(old, k) is not _ABSENT and _part(old, k) != _part(new, k)
     ]
     if diffs:
         raise ConfigError(
