@@ -118,9 +118,13 @@ def sweep_point(eps: float, base: Path, prompts: Path, work: Path, engine_args: 
         applied = fault_applied(trace, http(eng.url + "/fault_log"))
     res = diff(base, trace)
     by_cls: dict[str, collections.Counter] = {"affected": collections.Counter(), "other": collections.Counter()}
+    drift = []  # affected pairs: max |Δ chosen logprob| before the first difference (nats)
     for p in res.pairs:
         cached, _, changed = applied.get(p.key, (0, 0, 0))
-        by_cls["affected" if cached > 0 and changed > 0 else "other"][p.cls] += 1
+        hit = cached > 0 and changed > 0
+        by_cls["affected" if hit else "other"][p.cls] += 1
+        if hit and p.drift_max is not None:
+            drift.append(p.drift_max)
     aff, oth = by_cls["affected"], by_cls["other"]
     n_aff = sum(aff.values())
     return {
@@ -133,7 +137,13 @@ def sweep_point(eps: float, base: Path, prompts: Path, work: Path, engine_args: 
         "affected_classes": dict(aff),
         "unaffected_unexplained": oth["unexplained"],
         "kv_changed": _mean([ch / tot for c, tot, ch in applied.values() if c > 0]),
+        "drift_p50": _quantile(drift, 0.5),
+        "drift_max": max(drift, default=None),
     }
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -149,8 +159,10 @@ def false_alarms(url: str, prompts: Path, work: Path, args) -> list[dict]:
         serial = capture(url, prompts, work / f"healthy_serial_{i}.h5", 1, args)
         http(url + "/reset_prefix_cache", "POST")
         conc = capture(url, prompts, work / f"healthy_c{c}_{i}.h5", c, args)
-        counts = diff(serial, conc).counts()
-        runs.append({"run": i, "concurrency": c, **counts})
+        res = diff(serial, conc)
+        drift = [p.drift_max for p in res.pairs if p.drift_max is not None]
+        runs.append({"run": i, "concurrency": c, **res.counts(), "drift_max": max(drift, default=None)})
+        counts = res.counts()
         log(f"false-alarm run {i} (c={c}): {counts}")
     return runs
 
@@ -169,8 +181,8 @@ def table(sweep: list[dict], runs: list[dict], dtype: str) -> str:
     out = [
         f"perturb-kv sweep ({dtype}, serial healthy vs serial faulty):",
         "| EPS | hits | KV values changed | affected | unexplained / affected | share | affected verdicts "
-        "| unexplained, unaffected |",
-        "|---|---|---|---|---|---|---|---|",
+        "| drift p50 / max (nats) | unexplained, unaffected |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sweep:
         share = _pct(r["share"])
@@ -178,14 +190,19 @@ def table(sweep: list[dict], runs: list[dict], dtype: str) -> str:
         out.append(
             f"| {r['eps']:g} | {r['hits']} | {_pct(r['kv_changed'])} | {r['affected']} "
             f"| {r['unexplained']}/{r['affected']} | {share} "
-            f"| {verdicts} | {r['unaffected_unexplained']} |"
+            f"| {verdicts} | {_num(r['drift_p50'])} / {_num(r['drift_max'])} | {r['unaffected_unexplained']} |"
         )
-    out += ["", f"false alarms ({dtype}, healthy serial vs concurrent):", "| run | concurrency | pairs | verdicts |"]
-    out.append("|---|---|---|---|")
+    out += ["", f"false alarms ({dtype}, healthy serial vs concurrent):"]
+    out += ["| run | concurrency | pairs | verdicts | drift max (nats) |", "|---|---|---|---|---|"]
     for r in runs:
-        verdicts = ", ".join(f"{k} {v}" for k, v in r.items() if k not in ("run", "concurrency", "pairs") and v)
-        out.append(f"| {r['run']} | {r['concurrency']} | {r['pairs']} | {verdicts} |")
+        skip = ("run", "concurrency", "pairs", "drift_max")
+        verdicts = ", ".join(f"{k} {v}" for k, v in r.items() if k not in skip and v)
+        out.append(f"| {r['run']} | {r['concurrency']} | {r['pairs']} | {verdicts} | {_num(r['drift_max'])} |")
     return "\n".join(out)
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
 
 
 def _pct(x: float | None) -> str:
@@ -233,6 +250,7 @@ def main() -> None:
         "sweep": sweep,
         "false_alarm_runs": runs,
         "classifier_commit": _last_commit("analyze/classify.py"),
+        "analyze_dirty": _dirty("analyze"),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     if args.json:
@@ -240,6 +258,15 @@ def main() -> None:
     else:
         print(table(sweep, runs, args.dtype))
         print(f"\ndetect_eps {doc['detect_eps']}  false_alarm_rate {doc['false_alarm_rate']}  ({doc['wall_s']} s)")
+
+
+def _dirty(path: str) -> bool | None:
+    """Whether the checkout's `path` has uncommitted changes (the figures then come from them)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", path], capture_output=True, text=True, cwd=ROOT)
+    except OSError:
+        return None
+    return bool(out.stdout.strip())
 
 
 def _last_commit(path: str) -> str:
