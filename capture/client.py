@@ -282,11 +282,17 @@ _TOKENIZE = {
 }
 
 
-async def prompt_ids_for(
-    session: aiohttp.ClientSession, base_url: str, engine: str, texts: list[str], tokenizer: str | None
-) -> tuple[dict[str, list[int]], str]:
-    """{text: ids} for the text prompts, and the source said in the run metadata. Never raises for
-    the engine's answers: an endpoint that fails falls back to the tokenizer, then to nothing."""
+async def prompt_ids_for(session: aiohttp.ClientSession, base_url: str, pr, specs, tokenizer: str | None):
+    """({text: ids} for the text prompts of `specs`, the source said in the run metadata's
+    `prompt_ids`). `pr` is the probe's result (its dialect and engine). Never raises for the
+    engine's answers: an endpoint that fails falls back to the tokenizer, then to nothing."""
+    texts = [s.prompt for s in specs if isinstance(s.prompt, str)]
+    if pr.dialect == "vllm":  # vLLM and tracekit serve echo them (return_token_ids)
+        return {}, "the response's prompt_token_ids" if texts else "the prompts are token ids"
+    return await _ids_for_texts(session, base_url, pr.engine_kind, texts, tokenizer)
+
+
+async def _ids_for_texts(session, base_url: str, engine: str, texts: list[str], tokenizer: str | None):
     texts = sorted(set(texts))
     if not texts:
         return {}, "the prompts are token ids"

@@ -65,6 +65,7 @@ class ProbeResult:
     extra_body: dict = field(default_factory=dict)  # merged into every request body
     tokenizer: str = ""  # a tokenizer dir the engine reported
     warnings: list[str] = field(default_factory=list)  # one line each, printed on stderr and kept in run.engine
+    engine_kind: str = ""  # the engine behind the server (llamacpp also through its /v1 routes)
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, dict | None, dict]:
@@ -202,7 +203,8 @@ def _compatible(given: str, seen: str) -> bool:
 
 
 def _keep_alive(session: aiohttp.ClientSession, res: ProbeResult) -> None:
-    on, why = KEEP_ALIVE.get(_engine_of(res), _KEEP_ALIVE_DEFAULT)
+    res.engine_kind = _engine_of(res)
+    on, why = KEEP_ALIVE.get(res.engine_kind, _KEEP_ALIVE_DEFAULT)
     set_keep_alive(session, on)
     res.engine["keep_alive"] = {"on": on, "why": why}
 

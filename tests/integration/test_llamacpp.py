@@ -107,13 +107,13 @@ def test_prompt_ids_from_the_servers_tokenize(llama):
 
     from tokenizers import Tokenizer
 
-    from capture.client import make_session, prompt_ids_for
+    from capture.client import _ids_for_texts, make_session
 
     texts = ["def parse_args(argv):\n    ", "import os\nimport sys\n", "x = [i * 2 for i in range(10)]"]
 
     async def go():
         async with make_session(1, 30.0) as s:
-            return await prompt_ids_for(s, llama.url, "llamacpp", texts, None)
+            return await _ids_for_texts(s, llama.url, "llamacpp", texts, None)
 
     ids, source = asyncio.run(go())
     assert "/tokenize" in source
