@@ -30,7 +30,7 @@ from tracekit.stats import percentiles
 from tracekit.store import TraceReader, TraceWriter, copy_requests
 
 from . import dialects, runmeta
-from .client import Clock, Outcome, finish, make_session, send
+from .client import Clock, Outcome, finish, make_session, prompt_ids_for, send
 from .dialects import RequestSpec
 from .probe import probe
 from .prompts import DEFAULT_MAX_TOKENS, Prompt, load_prompts
@@ -71,6 +71,7 @@ class CaptureConfig:
     progress: bool | None = None  # None: only when stderr is a terminal
     dtype: str | None = None  # the engine's dtype when it does not report it (fp32 | bf16 | fp16)
     logprobs_mode: str = "auto"  # what the logprob fields hold; *_logits: stored as raw top-k logits
+    wait_ready_s: float = 0.0  # wait this long for an engine still loading (503) or not listening yet
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
     base = cfg.url.rstrip("/")
     out = Path(cfg.out)
     async with make_session(cfg.concurrency, cfg.timeout_s, api_key) as session:
-        pr = await probe(session, base, cfg.dialect)
+        pr = await probe(session, base, cfg.dialect, cfg.wait_ready_s)
         dialect = dialects.get(pr.dialect)
         model = cfg.model or pr.model
         if (model and model != cfg.model) or pr.extra_body:
@@ -315,6 +316,7 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
             dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
         numerics = await runmeta.engine_numerics(session, base, pr.dialect, pr.engine)
         run = _run_meta(cfg, pr, specs, len(prompts), rate, numerics)
+        known_ids, run["prompt_ids"] = await prompt_ids_for(session, base, pr, specs, cfg.tokenizer)
         logits_mode = run["logprobs_mode"] in runmeta.LOGIT_MODES
         meta = RunMeta(
             source="http", run=run, layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits or logits_mode)
@@ -333,7 +335,7 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
             t0 = time.perf_counter()
             post = _Post(cfg.tokenizer, logits_mode)
             counts, ntok, (lat, failures) = await _send_all(
-                session, base, dialect, specs, cfg, writer, mapper, rate, post
+                session, base, dialect, specs, cfg, writer, mapper, rate, post, known_ids
             )
             wall = time.perf_counter() - t0
         if prev is not None:
@@ -343,7 +345,9 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
     )
 
 
-async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate, post) -> tuple[dict, int, tuple]:
+async def _send_all(
+    session, base, dialect, specs, cfg, writer, mapper, rate, post, known_ids
+) -> tuple[dict, int, tuple]:
     clock = Clock()
     sem = asyncio.Semaphore(cfg.concurrency)
     prog = Progress(len(specs), sys.stderr.isatty() if cfg.progress is None else cfg.progress)
@@ -360,7 +364,8 @@ async def _send_all(session, base, dialect, specs, cfg, writer, mapper, rate, po
         if at > 0:
             await asyncio.sleep(max(0.0, at - clock()))
         async with sem:
-            outcome, acc = await send(session, base, dialect, spec, clock, started)
+            ids = known_ids.get(spec.prompt) if isinstance(spec.prompt, str) else None  # text prompts' ids
+            outcome, acc = await send(session, base, dialect, spec, clock, started, ids)
         outcome = post(finish(outcome, acc, k, raw, mapper))
         pending.append(outcome)
         finished.add(spec.key)

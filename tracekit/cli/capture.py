@@ -144,6 +144,12 @@ OPTIONS = (
     ),
     Opt("timeout_s", ("--timeout-s",), HTTP, dict(default=600.0, show_default=True, help="Per-request timeout (s).")),
     Opt(
+        "wait_ready_s",
+        ("--wait-ready", "wait_ready_s"),
+        HTTP,
+        dict(default=0.0, show_default=True, metavar="S", help="Wait up to S s for an engine still loading (503)."),
+    ),
+    Opt(
         "arrival", ("--arrival",), HTTP, dict(default="burst", show_default=True, help="burst | poisson:RATE (req/s).")
     ),
     Opt("seed", ("--seed",), HTTP, dict(default=0, show_default=True, help="Seed of the Poisson arrivals.")),
