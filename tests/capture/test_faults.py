@@ -284,6 +284,28 @@ def test_engine_loading_is_waited_for(capture_to):
     with ReplayServer(routes_for("llamacpp"), not_ready=3) as srv:
         pr = _probe(srv.url, wait_ready_s=60.0)
         assert srv.answered_503 == 3 and pr.dialect == "llamacpp"
+    with ReplayServer(routes_for("llamacpp"), not_ready=2) as srv:
+        s, out = capture_to(srv.url, [{"id": "a", "prompt": "x"}], wait_ready_s=60.0)
+        assert srv.answered_503 == 2 and s.counts["ok"] == 1
+
+
+def test_wait_ready_on_the_command_line(tmp_path):
+    """`--wait-ready S` through the CLI; a 503 without it exits 3 with one line naming the option."""
+    pf = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}])
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with ReplayServer(routes_for("llamacpp"), not_ready=1) as srv:
+        q = subprocess.run(_capture_cmd(srv.url, pf, tmp_path / "n.h5"), env=env, capture_output=True, text=True)
+        p = subprocess.run(
+            _capture_cmd(srv.url, pf, tmp_path / "w.h5", "--wait-ready", "60", "--json"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert q.returncode == 3 and q.stdout == "" and q.stderr.count("\n") == 1, q.stderr
+    assert "the engine is not ready" in q.stderr and "--wait-ready" in q.stderr
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["counts"]["ok"] == 1
 
 
 def test_url_with_v1_says_drop_it(capture_to):

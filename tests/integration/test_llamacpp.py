@@ -142,3 +142,21 @@ def test_teacher_forced_replay_of_llamacpp_tokens(native, tmp_path):
     assert p.returncode == 0, p.stderr
     counts = diff(native[0], out, b_select="history=full,dtype=fp32").counts()
     assert counts["pairs"] == 8 and counts["incomparable"] == 0 and counts["unexplained"] == 0, counts
+
+
+def test_text_prompts_record_prompt_ids(llama, capture):
+    """A capture of text prompts against llama-server records their ids (from /tokenize), so the
+    rows can be replayed teacher-forced and checked for equal prompts; the metadata says where
+    they came from."""
+    from tokenizers import Tokenizer
+
+    texts = ["def parse_args(argv):\n    ", "import os\nimport sys\n"]
+    s, out = capture(llama.url, "text", prompts=[{"id": f"t{i}", "prompt": t} for i, t in enumerate(texts)])
+    assert s.failed == 0, s.failures
+    tok = Tokenizer.from_file(str(Path(__file__).resolve().parents[2] / "fixtures/models/tiny/tokenizer.json"))
+    with TraceReader(out) as r:
+        assert "/tokenize" in r.meta.run["prompt_ids"]
+        for i in range(len(r)):
+            rec = r.record(i)
+            assert rec.prompt_len == len(tok.encode(rec.prompt_text).ids) > 0
+            assert r.prompt_ids(i).tolist() == tok.encode(rec.prompt_text).ids
