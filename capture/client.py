@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,3 +320,30 @@ async def _ids_for_texts(session, base_url: str, engine: str, texts: list[str], 
         out = {t: tok.encode(t, add_special_tokens=True).ids for t in texts}
         return out, f"the local tokenizer {tokenizer} (may differ from the engine's), for text prompts"
     return {}, "unknown for text prompts (the engine does not echo them; pass --tokenizer DIR)"
+
+
+class RouteWatch:
+    """Says, once, when the first answers of a run are all HTTP 404: the dialect's route does not
+    exist on this server, so the dialect looks wrong (`--dialect` given by hand, or a URL with a
+    path). The run goes on (every row keeps its 404); the line goes to stderr at once."""
+
+    def __init__(self, dialect: Dialect, after: int = 3, out=None):
+        self.dialect, self.after, self.out = dialect, after, out
+        self.n = 0
+        self.said = ""
+
+    def seen(self, rec: RequestRecord) -> None:
+        if self.n < 0:
+            return
+        if rec.http_status != 404:
+            self.n = -1  # something else answered: the route exists
+            return
+        self.n += 1
+        if self.n == self.after:
+            route = self.dialect.route(True)
+            first = "the first request" if self.n == 1 else f"the first {self.n} requests all"
+            self.said = (
+                f"warning: {first} answered HTTP 404 on {route}: the dialect "
+                f"{self.dialect.name!r} looks wrong for this server; try --dialect auto, or another --dialect"
+            )
+            print(self.said, file=self.out or sys.stderr)

@@ -323,6 +323,21 @@ def test_wrong_dialect_is_named(capture_to, capsys):
         s, out = capture_to(srv.url, [{"id": "a", "prompt": "x"}], dialect="llamacpp")
     err = capsys.readouterr().err
     assert "warning: --dialect llamacpp, but the server looks like vllm (/v1/models owned_by='vllm')" in err
+    assert "the first request answered HTTP 404 on /completion" in err
     assert s.counts["error"] == 1 and _rows(out)["a"].http_status == 404
     with TraceReader(out) as r:
         assert r.meta.run["engine"]["warnings"] and r.meta.run["dialect"] == "llamacpp"
+
+
+def test_all_404_at_first_says_the_dialect_looks_wrong(capture_to, capsys):
+    """A server the probe takes for plain OpenAI without a chat route, captured with --dialect
+    openai-chat: no probe warning (the dialects are compatible), but after the first 3 answers,
+    all 404, one line says the dialect looks wrong. The run goes on and keeps every row."""
+    prompts = [{"id": f"p{i}", "prompt": "x"} for i in range(5)]
+    with ReplayServer(routes_for("llama-cpp-python")) as srv:
+        s, out = capture_to(srv.url, prompts, dialect="openai-chat")
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1, err
+    assert "the first 3 requests all answered HTTP 404 on /v1/chat/completions" in err
+    assert "'openai-chat' looks wrong" in err
+    assert s.counts["error"] == 5 and {r.http_status for r in _rows(out).values()} == {404}
