@@ -30,7 +30,7 @@ from tracekit.stats import percentiles
 from tracekit.store import TraceReader, TraceWriter, copy_requests
 
 from . import dialects, runmeta
-from .client import Clock, Outcome, finish, make_session, prompt_ids_for, send
+from .client import Clock, Outcome, RouteWatch, finish, make_session, prompt_ids_for, send
 from .dialects import RequestSpec
 from .probe import probe
 from .prompts import DEFAULT_MAX_TOKENS, Prompt, load_prompts
@@ -359,6 +359,7 @@ async def _send_all(
     failures: list[tuple] = []
     k, raw = cfg.top_logprobs, writer.layout.raw_logits
     delays = _arrival_times(len(specs), rate, cfg.seed)
+    watch = RouteWatch(dialect, min(3, len(specs)))  # all 404 at first: the dialect looks wrong
 
     async def one(spec: RequestSpec, at: float) -> None:
         if at > 0:
@@ -367,6 +368,7 @@ async def _send_all(
             ids = known_ids.get(spec.prompt) if isinstance(spec.prompt, str) else None  # text prompts' ids
             outcome, acc = await send(session, base, dialect, spec, clock, started, ids)
         outcome = post(finish(outcome, acc, k, raw, mapper))
+        watch.seen(outcome.record)
         pending.append(outcome)
         finished.add(spec.key)
         rec = outcome.record
