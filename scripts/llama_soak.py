@@ -67,7 +67,7 @@ def soak(url: str, concurrency: int, runs: int, repeat: int, work: Path) -> dict
                 rec = r.record(j)
                 retried += "attempts" in rec.error
                 if rec.status != "ok":
-                    errors[rec.error.split(":")[0][:60]] += 1
+                    errors[rec.error[:90]] += 1
         out.unlink()
     return {
         "concurrency": concurrency,
