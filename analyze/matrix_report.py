@@ -79,10 +79,11 @@ class Report:
     summary: dict  # summary.json
     markdown: str  # report.md
     plots: dict  # name -> path relative to DIR
+    unreadable: tuple[tuple[str, str], ...] = ()  # (cell id, why): cells that could not be read; they fail
 
     @property
     def failed_cells(self) -> list[str]:
-        return [r.cell.id for r in self.rows if not r.ok]
+        return [r.cell.id for r in self.rows if not r.ok] + [cid for cid, _ in self.unreadable]
 
 
 def diff_document(a: Path, b: Path, teacher: Path | None = None) -> dict:
@@ -112,12 +113,13 @@ def burst_perf(path: Path) -> dict:
     }
 
 
-def load_rows(root: str | Path) -> tuple[Manifest | None, list[CellRow]]:
-    """Every cell of a run directory, in run order, with its burst's performance."""
+def load_rows(root: str | Path) -> tuple[Manifest | None, list[CellRow], tuple[tuple[str, str], ...]]:
+    """Every cell of a run directory, in run order, with its burst's performance; and the
+    cells that could not be read at all (cell id, reason)."""
     rd = RunDir(root)
-    man, cells = rd.load()
+    view = rd.view()
     rows = []
-    for c in cells:
+    for c in view.cells:
         perf, err = {}, None
         if c.record.burst:
             try:
@@ -125,7 +127,7 @@ def load_rows(root: str | Path) -> tuple[Manifest | None, list[CellRow]]:
             except TraceFormatError as e:
                 err = f"burst trace unreadable: {e}"
         rows.append(CellRow(c, perf, err))
-    return man, rows
+    return view.manifest, rows, view.unreadable
 
 
 def divergent(row: CellRow) -> list[PairEvidence]:
@@ -137,8 +139,10 @@ def _pair_json(p: PairEvidence) -> dict:
     return {k: getattr(p, k) for k in p.__dataclass_fields__ if k != "cls"} | {"class": p.cls}
 
 
-def summary(root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None) -> dict:
-    fails = [r.cell.id for r in rows if not r.ok]
+def summary(
+    root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None, unreadable=()
+) -> dict:
+    fails = [r.cell.id for r in rows if not r.ok] + [cid for cid, _ in unreadable]
     return {
         "schema": SCHEMA,
         "dir": str(root),
@@ -147,9 +151,10 @@ def summary(root: str | Path, man: Manifest | None, rows: list[CellRow], plots: 
         "git_commit": None if man is None else man.git_commit,
         "host": None if man is None else dict(man.host),
         "cells": [r.as_dict() for r in rows],
+        "unreadable": [{"id": cid, "error": why} for cid, why in unreadable],
         "totals": {
-            "cells": len(rows),
-            "passed": len(rows) - len(fails),
+            "cells": len(rows) + len(unreadable),
+            "passed": len(rows) + len(unreadable) - len(fails),
             "failed": len(fails),
             **{k: sum(r.diff.counts[k] for r in rows if r.diff) for k in ("pairs", *CLASSES)},
         },
@@ -295,16 +300,18 @@ PAIR_LEGEND = (
 )
 
 
-def markdown(root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None) -> str:
+def markdown(
+    root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None, unreadable=()
+) -> str:
     """The PR page: verdict, what A and B are, the cell table, every non-identical pair with its
     evidence, failures, the setup, and the plots (as attachments)."""
     root = Path(root)
     head, body = table_rows(rows)
-    n_ok = sum(r.ok for r in rows)
+    n_ok, n = sum(r.ok for r in rows), len(rows) + len(unreadable)
     lines = [
         f"## tracekit matrix evidence: {man.matrix_name if man else root.name}",
         "",
-        f"**{n_ok}/{len(rows)} cells pass** (a cell fails on any `unexplained` or `incomparable` pair, "
+        f"**{n_ok}/{n} cells pass** (a cell fails on any `unexplained` or `incomparable` pair, "
         "or any failed lifecycle check). Identical = A vs B, equal token ids.",
         "",
         AB_TEXT,
@@ -318,12 +325,12 @@ def markdown(root: str | Path, man: Manifest | None, rows: list[CellRow], plots:
         PAIR_LEGEND,
         "",
     ]
-    lines += _failures(rows) + _setup(man) + _plot_lines(root, plots)
+    lines += _failures(rows, unreadable) + _setup(man) + _plot_lines(root, plots)
     return "\n".join(lines) + "\n"
 
 
-def _failures(rows: list[CellRow]) -> list[str]:
-    out = []
+def _failures(rows: list[CellRow], unreadable=()) -> list[str]:
+    out = [f"- **{cid}**: unreadable: {why}" for cid, why in unreadable]
     for r in rows:
         notes = [f"perf: {r.perf_error}"] if r.perf_error else []
         if r.ok and not notes:
@@ -392,7 +399,7 @@ def _plot_lines(root: Path, plots: dict | None) -> list[str]:
 def write_report(root: str | Path, pair: tuple[str, str] | None = None, plots: bool = True) -> Report:
     """Write DIR/report/{report.md, summary.json, *.png} and return the Report."""
     rd = RunDir(root)
-    man, rows = load_rows(rd.root)
+    man, rows, unreadable = load_rows(rd.root)
     out = rd.report_dir
     out.mkdir(parents=True, exist_ok=True)
     made = {}
@@ -401,8 +408,8 @@ def write_report(root: str | Path, pair: tuple[str, str] | None = None, plots: b
 
         made = make_plots(rd, [r.loaded for r in rows], out, pair)
     rel = {k: Path(v).relative_to(rd.root).as_posix() for k, v in made.items()}
-    doc = summary(rd.root, man, rows, rel)
-    md = markdown(rd.root, man, rows, rel)
+    doc = summary(rd.root, man, rows, rel, unreadable)
+    md = markdown(rd.root, man, rows, rel, unreadable)
     (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "report.md").write_text(md)
-    return Report(rd.root, man, tuple(rows), doc, md, rel)
+    return Report(rd.root, man, tuple(rows), doc, md, rel, unreadable)

@@ -20,7 +20,7 @@ from typing import Callable
 
 from tracekit import __version__
 from tracekit.errors import TracekitError
-from tracekit.rundir import CellRecord, DiffRef, LoadedCell, Manifest, RunDir, TeacherRef, now_utc
+from tracekit.rundir import CellRecord, DiffRef, LoadedCell, Manifest, RunDir, TeacherRef, now_utc, read_diff
 from tracekit.runinfo import REPO_ROOT, command_line, git_commit, host_info
 
 from .cells import log, run_matrix
@@ -76,12 +76,9 @@ def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, differ: Di
     """Replay the cell's divergent keys, then diff again with the cross-check."""
     if r.diff.path is None or m.target(r.cell.target).kind != "tracekit":
         return r
-    loaded = rd.load_cell(r.cell.id)
-    if loaded.diff is None:
-        return r
-    keys = tuple(
-        p.key for p in loaded.diff.pairs if p.cls not in ("identical", "incomparable") and p.position is not None
-    )
+    # The cell's diff as just written (cell.json still says "not computed" until the caller writes it).
+    pairs = read_diff(rd.path(r.diff.path)).pairs
+    keys = tuple(p.key for p in pairs if p.cls not in ("identical", "incomparable") and p.position is not None)
     if not keys:
         return r
     from ..teacher import DiagnosticConfig, from_trace, parse_dtypes, parse_histories, run_diagnostic

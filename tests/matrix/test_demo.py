@@ -50,7 +50,7 @@ def test_demo_end_to_end(tmp_path):
         [sys.executable, "-m", "tracekit", "demo", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1200,  # a hang guard: ~1 min idle, 7+ min on a shared 2-core machine
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
         cwd=ROOT,
     )

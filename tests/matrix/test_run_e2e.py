@@ -23,7 +23,7 @@ FAULT = "ref-fault.fp32.cache-on.cpu_small.out32.c8"
 pytestmark = pytest.mark.slow
 
 
-def tk(*args, timeout=240) -> subprocess.CompletedProcess:
+def tk(*args, timeout=900) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tracekit", *map(str, args)],
         capture_output=True,

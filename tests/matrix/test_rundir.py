@@ -205,3 +205,21 @@ def test_report_is_the_pr_evidence(tmp_path):
     # The traces are not in the fixture: said on each cell, without failing it.
     assert "burst trace unreadable" in md and not report.failed_cells
     assert report.summary["cells"][1]["divergent"][0]["key"] == "c0"
+
+
+def test_unreadable_cell_is_reported_and_the_others_still_read(tmp_path):
+    """A corrupt cell.json fails that cell in the report with the reason; the rest is still read.
+    The strict load() refuses the directory."""
+    rd, _, _ = _write_run(tmp_path / "run")
+    other = Cell("ref", "bf16", True, "prefix8", 32, 4)
+    rd.write_cell(CellRecord(other, None, None, (Check("engine_start", "fail", "did not start"),)))
+    _edit(rd.path("manifest.json"), lambda d: d.update(cells=[CELL.id, other.id]))
+    rd.path(f"cells/{CELL.id}/checks.json").write_text("{")
+    view = RunDir(rd.root).view()
+    assert [c.cell.id for c in view.cells] == [other.id]
+    assert view.unreadable[0][0] == CELL.id and "not valid JSON" in view.unreadable[0][1]
+    with pytest.raises(TraceFormatError, match="not valid JSON"):
+        RunDir(rd.root).load()
+    report = write_report(rd.root, plots=False)
+    assert set(report.failed_cells) == {CELL.id, other.id} and "0/2 cells pass" in report.markdown
+    assert f"**{CELL.id}**: unreadable:" in report.markdown

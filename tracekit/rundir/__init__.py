@@ -10,7 +10,7 @@ error, never a guess. A file that cannot be read is an error naming the file and
 field; for a cell's diff the error is kept on the cell (`LoadedCell.diff_error`), so
 a corrupt diff.json fails its cell instead of reading as "no diff".
 
-This module knows paths and JSON; it never opens a trace (h5py stays in the store).
+This package knows paths and JSON; it never opens a trace (h5py stays in the store).
 
 The package: `records.py` (the frozen records and the constants of the format),
 `parse.py` (JSON -> records, per version, with the upgrade of version 1),
@@ -35,6 +35,7 @@ from .records import (
     LoadedCell,
     Manifest,
     PairEvidence,
+    RunView,
     TeacherRef,
     now_utc,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "Manifest",
     "PairEvidence",
     "RunDir",
+    "RunView",
     "TeacherRef",
     "now_utc",
     "read_diff",

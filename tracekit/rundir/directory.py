@@ -17,7 +17,18 @@ from .parse import (
     read_diff,
     write_json,
 )
-from .records import MANIFEST, MATRIX_COPY, REPORT, VERSION, CellRecord, DiffRef, EngineRecord, LoadedCell, Manifest
+from .records import (
+    MANIFEST,
+    MATRIX_COPY,
+    REPORT,
+    VERSION,
+    CellRecord,
+    DiffRef,
+    EngineRecord,
+    LoadedCell,
+    Manifest,
+    RunView,
+)
 
 
 class RunDir:
@@ -168,8 +179,25 @@ class RunDir:
             return LoadedCell(r, None, f"diff unreadable: {e}")
 
     def load(self) -> tuple[Manifest | None, list[LoadedCell]]:
-        """The manifest (None without one) and every cell, in run order."""
-        cells = [self.load_cell(c) for c in self.cell_ids()]
-        if not cells:
+        """The manifest (None without one) and every cell, in run order; any file that cannot be
+        read is an error (TraceFormatError), except a diff (kept on its cell)."""
+        v = self.view()
+        if v.unreadable:
+            raise TraceFormatError(v.unreadable[0][1])
+        return v.manifest, list(v.cells)
+
+    def view(self) -> RunView:
+        """As load(), for a report: a cell whose cell.json or checks.json cannot be read is listed
+        in `unreadable` with the reason and the others are still read; a file of a newer version
+        still stops the read (SchemaVersionError)."""
+        cells, unreadable = [], []
+        for cid in self.cell_ids():
+            try:
+                cells.append(self.load_cell(cid))
+            except SchemaVersionError:
+                raise
+            except TraceFormatError as e:
+                unreadable.append((cid, str(e)))
+        if not cells and not unreadable:
             raise ConfigError(f"{self.root}: the run has no cells")
-        return self.read_manifest(), cells
+        return RunView(self.read_manifest(), tuple(cells), tuple(unreadable))

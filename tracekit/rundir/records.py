@@ -224,6 +224,16 @@ class Manifest:
         return next((e for e in self.engines if e.engine_id == engine_id), None)
 
 
+@dataclass(frozen=True)
+class RunView:
+    """A run directory as read: its manifest (None: the run did not finish), its cells in run
+    order, and the cells that could not be read at all, with the reason."""
+
+    manifest: Manifest | None
+    cells: tuple[LoadedCell, ...]
+    unreadable: tuple[tuple[str, str], ...] = ()  # (cell id, error)
+
+
 def _fields(obj) -> dict:
     return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
 
