@@ -9,6 +9,7 @@ pair is comparable at all; it does not classify (classify.py) or print
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,6 +123,29 @@ def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: 
         cols = reader.columns(["token_id", "logprob"])
         token_id, logprob = cols["token_id"], cols["logprob"]
     return Side(reader.path, reader.meta, reader.requests, rows, token_id, logprob, prompt_column(reader), reader, note)
+
+
+def chosen_logits(side: Side) -> np.ndarray:
+    """[N] the raw logit of each chosen token (NaN where not in its top-k row)."""
+    r = side.reader
+    ids, lg = r.column("topk_id"), r.column("topk_logit")
+    hit = (ids == side.token_id[:, None]) & (ids >= 0)
+    j = hit.argmax(1)
+    return np.where(hit.any(1), lg[np.arange(len(ids)), j], np.nan).astype(np.float32)
+
+
+def drift_values(a: Side, b: Side) -> tuple[Side, Side, str]:
+    """The values drift is measured on: the chosen logprobs, or, when a trace
+    stores none (vLLM --logprobs-mode raw_logits puts logits in their place) and
+    both stored raw logits, the chosen tokens' raw logits on both sides (read
+    whole only then). Returns the sides and a note ('' for logprobs)."""
+    if all(np.isfinite(s.logprob).any() or not len(s.logprob) for s in (a, b)):
+        return a, b, ""
+    if not (a.reader.has_column("topk_logit") and b.reader.has_column("topk_logit")):
+        return a, b, ""
+    a = dataclasses.replace(a, logprob=chosen_logits(a))
+    b = dataclasses.replace(b, logprob=chosen_logits(b))
+    return a, b, "drift is measured on the chosen tokens' raw logits: a trace stores no logprobs"
 
 
 def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

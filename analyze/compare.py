@@ -17,7 +17,7 @@ import numpy as np
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader, read_token_rows
 
-from .align import Side, align, load_side, parse_select
+from .align import Side, align, drift_values, load_side, parse_select
 from .classify import Thresholds, classify
 from .grid import Grid, normalise, on_grid, resolve_dtype
 from .result import DiffResult, rule_text
@@ -143,13 +143,14 @@ def diff(
         side_a = load_side(ra, _as_select(a_select), "a")
         side_b = load_side(rb, _as_select(b_select), "b")
         ids, src = eos_ids(side_a, side_b, eos, tokenizer)
+        side_a, side_b, drift_note = drift_values(side_a, side_b)
         al = align(side_a, side_b)
         dt_a, grid_a, notes_a = side_dtypes(side_a, al.row_a, dtype, "A")
         dt_b, grid_b, notes_b = side_dtypes(side_b, al.row_b, dtype, "B")
         cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b))
         cols["rule"] = np.array([rule_text(cols, i) for i in range(len(al.keys))], dtype=object)
         cols["teacher"] = np.full(len(al.keys), None, dtype=object)
-        notes = [n for n in (side_a.note, side_b.note) if n] + notes_a + notes_b
+        notes = [n for n in (side_a.note, side_b.note, drift_note) if n] + notes_a + notes_b
         if not ids:
             notes.append(f"EOS ids {EOS_UNKNOWN}")
         if teacher is not None:

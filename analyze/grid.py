@@ -104,6 +104,8 @@ def resolve_dtype(run: Mapping, override: str | None = None) -> tuple[Grid, str 
     if not found:
         return Grid(ASSUMED, "assumed: the run metadata names no dtype; pass --dtype to set it", False), None
     src, d = found[0]
+    if src.startswith("capture label") and isinstance(run.get("dtype_source"), str):
+        src = f"run metadata dtype ({run['dtype_source']})"
     others = sorted({dd for _, dd in found if dd != d})
     note = f"{src} says {d} but {', '.join(others)} is also named; judged on {d}" if others else None
     return Grid(d, src, True), note

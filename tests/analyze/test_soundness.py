@@ -345,3 +345,25 @@ def test_only_filters_json_too(tmp_path):
     assert [p["key"] for p in d["pairs"]] == ["k"] and d["only"] == ["unexplained"]
     assert d["summary"]["pairs"] == 2 and d["summary"]["identical"] == 1
     assert "--only unexplained: listing 1 of 2 pairs" in tk("diff", a, b, "--only", "unexplained").stdout
+
+
+def test_logits_only_traces_measure_drift_on_logits(tmp_path):
+    """vLLM --logprobs-mode raw_logits: no logprob is stored, only raw logits. Drift is
+    then measured on the chosen tokens' logits, so a 6-logit jump is still caught."""
+    nan = float("nan")
+    quiet = {t: nan for t in range(6)}
+
+    def req(logit3):
+        rows = {t: [(tok, nan, 10.0), (1000, nan, 4.0)] for t, tok in enumerate(BASE)}
+        rows[3] = [(BASE[3], nan, logit3), (1000, nan, 4.0)]
+        return Req("k", BASE, lp=quiet, rows=rows)
+
+    def files(logit3):
+        run = {"dtype": "bf16"}
+        a = write_trace(tmp_path / "a.h5", [req(10.0)], raw=True, run=run)
+        return a, write_trace(tmp_path / "b.h5", [req(logit3)], raw=True, run=run)
+
+    r = diff(*files(10.0))
+    assert r.by_key("k").cls == "identical" and any("raw logits" in n for n in r.notes)
+    p = diff(*files(16.0)).by_key("k")
+    assert p.cls == "unexplained" and "logprobs drift 6 nats > 0.5" in p.rule
