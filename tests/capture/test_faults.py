@@ -341,3 +341,21 @@ def test_all_404_at_first_says_the_dialect_looks_wrong(capture_to, capsys):
     assert "the first 3 requests all answered HTTP 404 on /v1/chat/completions" in err
     assert "'openai-chat' looks wrong" in err
     assert s.counts["error"] == 5 and {r.http_status for r in _rows(out).values()} == {404}
+
+
+def test_probe_get_retries_a_dropped_kept_alive_connection():
+    """The probe's GETs survive a server that drops a reused connection (when the session keeps
+    connections alive, as it does after the probe for most engines)."""
+    import asyncio
+
+    from capture.client import make_session
+    from capture.probe import _get
+
+    async def go(url):
+        async with make_session(1, 10.0) as s:
+            return [(await _get(s, url + "/v1/models"))[0] for _ in range(3)]
+
+    with ReplayServer(routes_for("vllm"), drop_kept_alive=True) as srv:
+        statuses = asyncio.run(go(srv.url))
+        dropped = srv.dropped
+    assert statuses == [200, 200, 200] and dropped >= 1
