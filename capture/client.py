@@ -122,10 +122,6 @@ def set_keep_alive(session: aiohttp.ClientSession, on: bool) -> None:
         session.headers["Connection"] = "close"
 
 
-def keeps_alive(session: aiohttp.ClientSession) -> bool:
-    return session.headers.get("Connection", "").lower() != "close"
-
-
 async def send(
     session: aiohttp.ClientSession,
     base_url: str,
