@@ -286,6 +286,8 @@ async def prompt_ids_for(session: aiohttp.ClientSession, base_url: str, pr, spec
     texts = [s.prompt for s in specs if isinstance(s.prompt, str)]
     if pr.dialect == "vllm":  # vLLM and tracekit serve echo them (return_token_ids)
         return {}, "the response's prompt_token_ids" if texts else "the prompts are token ids"
+    if pr.dialect == "openai-chat":  # the engine wraps the text in its chat template: not these ids
+        return {}, "unknown: chat messages go through the engine's chat template"
     return await _ids_for_texts(session, base_url, pr.engine_kind, texts, tokenizer)
 
 
