@@ -21,6 +21,7 @@ import torch
 
 from .. import dtypes, hfcompat, modelinfo
 from ..errors import ConfigError, EngineError
+from .kernels import step_kernels
 
 SAMPLING_EPS = 1e-5
 
@@ -119,6 +120,7 @@ class ModelExecutor:
         self._cache_kw = hfcompat.cache_keyword(self.model)
         self._batch: _Batch | None = None  # the running decode batch; dropped when any slot is refilled
         self.model_type = str(getattr(cfg, "model_type", "?"))
+        self.allow_cudnn = False  # True only to measure why it is off (tracekit/engine/kernels.py)
 
     def _eos_ids(self, path: Path) -> list[int]:
         """What the model's files state (tracekit.modelinfo, the one reader). Only when they state
@@ -132,7 +134,11 @@ class ModelExecutor:
 
     def _forward(self, ids, pos, mask, cache):
         kw = {self._cache_kw: cache}
-        out = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, logits_to_keep=1, **kw)
+        # CUDA one-token steps never take cuDNN's attention kernel: not reproducible (kernels.py).
+        with step_kernels(self.device, ids.shape[1], self.allow_cudnn):
+            out = self.model(
+                input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, logits_to_keep=1, **kw
+            )
         return out.logits[:, -1, :]  # [B, V], model dtype
 
     @torch.inference_mode()

@@ -96,6 +96,9 @@ class App:
         self.engine.start()
 
     def meta(self) -> dict:
+        from .kernels import describe as describe_kernels
+        from .memory import memory_report
+
         r, c = self.executor, self.cfg
         return {
             "engine": "tracekit",
@@ -116,6 +119,8 @@ class App:
             "model_type": r.model_type,
             "model_dir": os.path.abspath(c.model_dir),
             "max_logprobs": 20,
+            "attn_kernels": describe_kernels(r.device, r.allow_cudnn),
+            **memory_report(r),  # kv_bytes_per_slot (from the config), weights, device peak
         }
 
     # ---- middleware -------------------------------------------------------------------------
