@@ -37,6 +37,7 @@ class TeacherPlan:
 
     histories: str = "full,prefix:auto,decode"
     dtypes: str = "fp32,bf16"
+    device: str = "cpu"  # where the diagnostic runs (cpu | cuda | cuda:N | auto)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, differ: Di
 
     log(f"teacher-forced: {r.cell.id}: {len(keys)} divergent keys")
     ref = TeacherRef(rd.teacher_rel(r.cell.id), keys, plan.histories, plan.dtypes, model_dir(m, r.cell.target))
-    cfg = DiagnosticConfig(ref.model, parse_histories(plan.histories), parse_dtypes(plan.dtypes))
+    cfg = DiagnosticConfig(ref.model, parse_histories(plan.histories), parse_dtypes(plan.dtypes), device=plan.device)
     seqs = from_trace(str(rd.path(r.baseline)), list(keys))
     run_diagnostic(cfg, seqs, str(rd.path(ref.trace)), extra_run={"from": r.baseline})
     return dataclasses.replace(r, diff=_diff(rd, r, differ, rd.path(ref.trace)), teacher=ref)
