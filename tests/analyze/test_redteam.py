@@ -172,8 +172,8 @@ def shifted(row: list[tuple], by: float) -> list[tuple]:
 
 
 # -- the cases -------------------------------------------------------------------------
-# Each: the sound verdict and words its rule text must hold. FOOLED names the ones
-# today's classifier gets wrong, with the wrong verdict it gives (checked below).
+# Each: the sound verdict, and the words and numbers its rule text must hold. FOOLED
+# (below) names the ones today's classifier gets wrong, with the wrong verdict it gives.
 
 GREEDY = {"temperature": 0.0, "max_tokens": 6}
 NAN6 = {t: math.nan for t in range(6)}
@@ -202,6 +202,12 @@ def cases() -> dict[str, Case]:
     # the top-k rows hold it: -0.0002 in A, -5.0 in B.
     c["nan_both_sides_hides_topk_drift"] = Case(
         R(BASE, lp={3: math.nan}), R(BASE, rows={3: drop5}, lp={3: math.nan}), nums=(5.0,)
+    )
+    # B's chosen logprob column holds A's value (-0.0002) at position 3, its own top-k row
+    # -5.0 for the same token: identical, exit 0. (The check missing in
+    # chosen_lp_contradicts_topk, before the flip / in an identical pair.)
+    c["column_disagrees_with_topk_before_flip"] = Case(
+        R(BASE), R(BASE, rows={3: drop5}, lp={3: default_row(8)[0][1]}), nums=(5.0,)
     )
     # B's chosen logprob is -inf at every position (probability 0 for each token it chose):
     # taken for "stored no logprobs".
@@ -470,6 +476,16 @@ def cases() -> dict[str, Case]:
         opts={"raw": True},
         nums=(3.0,),
     )
+    # The same drift in logits mode, with one ordinary request ("warm", logprobs stored) in
+    # both files: the switch to drift on raw logits is made per file, so for "k" (NaN
+    # logprobs on both sides) drift is skipped and the flip is a tie.
+    warm = R([5, 6], key="warm", params=GREEDY)
+    c["logits_mode_drift_hidden_by_one_logprob_request"] = Case(
+        [warm, c["logits_mode_drift"].a],
+        [warm, c["logits_mode_drift"].b],
+        opts={"raw": True},
+        nums=(3.0,),
+    )
     return c
 
 
@@ -635,6 +651,12 @@ def control_cases() -> dict[str, Case]:
         R(flipped(T, Y), rows={T: [(Y, -0.44), (X, -0.95), (1000, -6.0)]}),
         words=("0.51 nats",),
     )
+    # Logprobs only: a tie whose candidates both fell 0.51 nats from A to B (tolerance 0.5).
+    c["moved_0_51_nats"] = Case(
+        R(BASE, rows={T: tie_a}),
+        R(flipped(T, Y), rows={T: [(Y, -1.20), (X, -1.20), (1000, -6.0)]}),
+        words=("token 7 moved -0.51 nats from A to B (> 0.5 nats, bf16)",),
+    )
     # Same prompt_hash, different prompt ids: ids are authoritative.
     c["prompt_ids_differ_hash_equal"] = Case(
         R(BASE, phash="same"),
@@ -733,6 +755,10 @@ FOOLED = {
     "identical_but_both_truncated": "identical; truncation is not checked for identical pairs",
     "both_empty_no_finish": "identical; truncation is not checked for identical pairs",
     "tie_then_b_cut": "bf16_tie_flip; truncation is checked only for length mismatches and post_eos",
+    "column_disagrees_with_topk_before_flip": "identical; the chosen logprob column is never checked against "
+    "the top-k rows",
+    "logits_mode_drift_hidden_by_one_logprob_request": "bf16_tie_flip ('no logprob to compare'); drift "
+    "switches to raw logits per file, not per request",
 }
 FALSE_ALARMS = {
     "logits_mode_one_step_noise_bf16": "unexplained (mean drift 0.125 > 0.0734 'nats'); in logits mode the "
