@@ -14,7 +14,11 @@ Server-wide faults (constructor options): `drop_kept_alive` closes a kept-alive
 connection when the next request arrives on it, before any response byte (what a
 server that closes idle or used-up connections does to a client that reuses one
 at the same moment: the race of issue 13, made deterministic, so every reused
-connection loses its request); `not_ready` answers that many requests with 503
+connection loses its request); `close_after_response` closes every connection
+right after its response without saying so (no `Connection: close`), as
+llama-server does after each streamed response: a client that reuses the
+connection before it reads the FIN loses the request (a race, so tests assert
+only what holds either way); `not_ready` answers that many requests with 503
 "Loading model" first, as llama.cpp does while it loads.
 
 The server runs in its own thread and event loop, as a real separate server.
@@ -96,9 +100,11 @@ class ReplayServer:
         stall_s: float | None = None,
         drop_kept_alive: bool = False,
         not_ready: int = 0,
+        close_after_response: bool = False,
     ):
         self.routes, self.seed, self.max_piece, self.stall_s = routes, seed, max_piece, stall_s
         self.drop_kept_alive, self.not_ready = drop_kept_alive, not_ready
+        self.close_after_response = close_after_response
         self.requests: list[dict] = []  # every POST body and its Authorization header
         self.armed = True  # False: FAULT: prompts are served normally
         self.dropped = 0  # requests lost to drop_kept_alive
@@ -227,6 +233,8 @@ class ReplayServer:
             await resp.write_eof()
         except ConnectionError:
             pass  # the client gave up (a stall past its timeout)
+        if self.close_after_response:
+            request.transport.close()  # FIN after the last chunk, the headers having promised keep-alive
         return resp
 
     def _faulted(self, t: Transcript, fault: str) -> bytes:

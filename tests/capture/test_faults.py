@@ -247,6 +247,24 @@ def test_llamacpp_gets_a_new_connection_per_request(capture_to):
         assert r.meta.run["engine"]["keep_alive"]["on"] is False
 
 
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_server_closing_after_each_response_loses_nothing(capture_to, engine):
+    """A server that closes each connection right after its response while promising keep-alive
+    (llama-server after a stream). Kept alive (vllm), a reuse may race the FIN: every request still
+    ends ok, retried where it lost. Not kept alive (llamacpp, probe.KEEP_ALIVE): no connection is
+    ever reused, so no request needs a retry at all."""
+    prompts = [{"id": f"p{i}", "prompt": "def parse_args(argv):\n    "} for i in range(16)]
+    with ReplayServer(routes_for(engine), close_after_response=True) as srv:
+        for c in (1, 4):
+            s, out = capture_to(srv.url, prompts, name=f"c{c}.h5", concurrency=c)
+            assert s.counts["ok"] == 16, s.failures
+            retried = [r.error for r in _rows(out).values() if "attempts" in r.error]
+            if engine == "llamacpp":
+                assert retried == []
+        if engine == "llamacpp":
+            assert all(c["requests"] == 1 for c in srv.connections), srv.connections
+
+
 def test_failure_after_the_response_began_is_not_retried(capture_to):
     """A reset or a cut after the first bytes is the engine's answer: one attempt, an error row."""
     prompts = [{"id": "r", "prompt": "FAULT:reset"}, {"id": "c", "prompt": "FAULT:cut"}]
