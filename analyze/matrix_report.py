@@ -22,6 +22,7 @@ from tracekit.rundir import FAILING, LoadedCell, Manifest, PairEvidence, RunDir
 from tracekit.stats import percentiles
 from tracekit.store import TraceReader
 
+from . import compare_targets
 from .classify import CLASSES
 
 SCHEMA = "tracekit.matrix-report/1"
@@ -160,6 +161,7 @@ def summary(
         },
         "failed_cells": fails,
         "plots": plots or {},
+        "cross_target": compare_targets.matched(rows),
     }
 
 
@@ -325,6 +327,7 @@ def markdown(
         PAIR_LEGEND,
         "",
     ]
+    lines += compare_targets.markdown(compare_targets.matched(rows))
     lines += _failures(rows, unreadable) + _setup(man) + _plot_lines(root, plots)
     return "\n".join(lines) + "\n"
 

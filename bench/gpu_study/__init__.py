@@ -1,0 +1,1 @@
+"""The study at real shapes on a GPU (docs in study.py)."""
