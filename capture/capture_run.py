@@ -27,9 +27,9 @@ from tracekit.modelinfo import eos_token_ids
 from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns, prompt_hash
 from tracekit.stats import percentiles
-from tracekit.store import TraceReader, TraceWriter, copy_requests
+from tracekit.store import TraceWriter
 
-from . import dialects, runmeta
+from . import dialects, resume, runmeta
 from .client import Clock, Outcome, RouteWatch, finish, make_session, prompt_ids_for, send
 from .dialects import RequestSpec
 from .probe import probe
@@ -213,37 +213,6 @@ def _api_key(var: str | None) -> str | None:
     return key
 
 
-def _resume_source(out: Path, resume: bool) -> Path | None:
-    """With --resume and an existing trace: move it aside; its ok rows are copied into a fresh file."""
-    if not out.exists():
-        return None
-    if not resume:
-        raise ConfigError(f"{out}: already exists; pass --resume to finish it, or choose another --out")
-    prev = out.with_name(out.name + ".resume-prev")
-    os.replace(out, prev)
-    return prev
-
-
-def _ok_rows(reader: TraceReader) -> dict[str, int]:
-    t = reader.requests
-    return {k: i for k, i in t.index_by_key().items() if t.status[i] == "ok"}
-
-
-def _check_resumable(out: Path, cfg: CaptureConfig, run: dict) -> None:
-    """--resume completes a trace of the same run: same kind and top-k, then the same
-    configuration (runmeta.RESUME_KEYS); anything else would mix runs under one metadata."""
-    if not (cfg.resume and out.exists()):
-        return
-    with TraceReader(out) as r:
-        if r.meta.source != "http" or r.layout.topk != cfg.top_logprobs:
-            raise ConfigError(
-                f"{out}: cannot --resume: it holds a {r.meta.source} capture with top-k "
-                f"{r.layout.topk}, this run asks for an http capture with --top-logprobs "
-                f"{cfg.top_logprobs}"
-            )
-        runmeta.check_resumable(str(out), r.meta.run, run)
-
-
 def _token_ids_note(cfg: CaptureConfig, dialect: str, tokenizer: str | None) -> tuple[str, bool]:
     """(where ids come from, whether token strings would stay unknown) for the run metadata."""
     if dialect not in ("openai", "openai-chat"):
@@ -321,25 +290,24 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
         meta = RunMeta(
             source="http", run=run, layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits or logits_mode)
         )
-        _check_resumable(out, cfg, run)
-        prev = _resume_source(out, cfg.resume)
-        kept = 0
+        resume.check(out, cfg.resume, cfg.top_logprobs, run)
+        prev = resume.prepare(out, cfg.resume)
         # Chunk-size hint: planned requests x max_tokens (a small run gets small files).
-        hint = sum(s.max_tokens for s in specs)
-        with TraceWriter(out, meta, expected_tokens=hint) as writer:
-            if prev is not None:
-                with TraceReader(prev) as reader:
-                    ok = _ok_rows(reader)
-                    kept = copy_requests(reader, writer, sorted(ok.values()))
-                specs = [s for s in specs if s.key not in ok]
+        writer = TraceWriter(out, meta, expected_tokens=sum(s.max_tokens for s in specs))
+        copied = False
+        try:
+            kept, specs = resume.copy_kept(prev, writer, specs)
+            copied = True
             t0 = time.perf_counter()
             post = _Post(cfg.tokenizer, logits_mode)
             counts, ntok, (lat, failures) = await _send_all(
                 session, base, dialect, specs, cfg, writer, mapper, rate, post, known_ids
             )
             wall = time.perf_counter() - t0
-        if prev is not None:
-            prev.unlink()
+        finally:
+            writer.close()
+            if copied:  # reached only when the close did not raise: <out> holds every kept row
+                resume.done(prev, out)
     return CaptureSummary(
         str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures, post.unknown
     )

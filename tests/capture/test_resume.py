@@ -1,0 +1,90 @@
+"""--resume never loses a row it held (capture/resume.py), whatever moment killed the resume
+before it. The states a kill leaves are built exactly (renames and a writer, as the resume does
+them), without a clock: `.resume-prev` alone, `.resume-prev` beside the killed resume's empty
+`<out>`, and `.resume-prev` beside an `<out>` that already holds rows sent after the copy.
+Real sockets (the replay server), real HDF5 files; the SIGKILL version is
+tests/tracekit/test_capture_crash.py and bench/crash.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from replay import ReplayServer, routes_for
+
+from tracekit.errors import ConfigError
+from tracekit.store import TraceReader, TraceWriter, copy_requests
+
+PROMPTS = [{"id": k, "prompt": p} for k, p in (("a", "x"), ("b", "y"), ("c", "FAULT:500"), ("d", "FAULT:500"))]
+
+
+def _rows(path) -> dict:
+    """key -> (record, token columns, prompt ids) of every row."""
+    with TraceReader(path) as r:
+        return {r.requests.key[i]: (r.record(i), r.tokens(i), r.prompt_ids(i)) for i in range(len(r))}
+
+
+def _same(x, y) -> bool:
+    (ra, ta, pa), (rb, tb, pb) = x, y
+    cols = ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob")
+    return (
+        ra == rb
+        and all(np.array_equal(getattr(ta, c), getattr(tb, c), equal_nan=True) for c in cols)
+        and np.array_equal(pa, pb)
+    )
+
+
+@pytest.fixture
+def first_run(capture_to, tmp_path):
+    """A run where c and d failed (HTTP 500): out holds a, b ok; also a whole run (every key ok)
+    of the same configuration, whose rows stand for what a killed resume had sent."""
+    with ReplayServer(routes_for("vllm")) as srv:
+        s, out = capture_to(srv.url, PROMPTS, name="r.h5")
+        assert s.counts == {"ok": 2, "error": 2, "cancelled": 0, "timeout": 0}
+        srv.armed = False
+        _, whole = capture_to(srv.url, PROMPTS, name="whole.h5")
+    return out, whole
+
+
+def _resume(capture_to, out):
+    with ReplayServer(routes_for("vllm")) as srv:
+        srv.armed = False
+        s, _ = capture_to(srv.url, PROMPTS, name=out.name, resume=True)
+        return s, sorted(q["body"]["prompt"] for q in srv.requests)
+
+
+def _killed_resume_out(out, source, keys: list[str]) -> None:
+    """<out> as a resume killed after creating it left it: its own metadata, these rows of source."""
+    with TraceReader(source) as r, TraceWriter(out, r.meta) as w:
+        copy_requests(r, w, [r.requests.index_by_key()[k] for k in keys])
+
+
+@pytest.mark.parametrize("out_holds", ["nothing", "empty", "kept rows", "a row sent after the copy"])
+def test_a_killed_resume_loses_no_row(capture_to, first_run, out_holds):
+    """The resume was killed after moving <out> to .resume-prev: with no <out> yet, with its new
+    empty <out>, with the kept rows copied, or with a row it had sent since (c). The next resume
+    keeps every one of those rows bitwise, sends only what no file held, and cleans up."""
+    out, whole = first_run
+    before = _rows(out)
+    prev = out.with_name(out.name + ".resume-prev")
+    out.rename(prev)
+    extra = {"nothing": None, "empty": [], "kept rows": ["a", "b"], "a row sent after the copy": ["a", "b", "c"]}
+    if extra[out_holds] is not None:
+        _killed_resume_out(out, whole, extra[out_holds])
+    s, sent = _resume(capture_to, out)
+    after = _rows(out)
+    assert sorted(after) == ["a", "b", "c", "d"] and {r.status for r, _, _ in after.values()} == {"ok"}
+    assert all(_same(before[k], after[k]) for k in ("a", "b"))
+    if out_holds == "a row sent after the copy":
+        assert s.kept == 3 and sent == ["FAULT:500"] and _same(_rows(whole)["c"], after["c"])
+    else:
+        assert s.kept == 2 and sent == ["FAULT:500", "FAULT:500"]
+    assert not prev.exists() and not out.with_name(out.name + ".resume-merge").exists()
+
+
+def test_without_resume_a_left_resume_prev_is_refused(capture_to, first_run):
+    """A killed resume's .resume-prev holds the run's rows: a plain capture to the same --out must
+    not start next to it (a later --resume would mix the two runs)."""
+    out, _ = first_run
+    out.rename(out.with_name(out.name + ".resume-prev"))
+    with ReplayServer(routes_for("vllm")) as srv, pytest.raises(ConfigError, match="a killed --resume left"):
+        capture_to(srv.url, PROMPTS, name=out.name)
