@@ -61,12 +61,6 @@ def test_killed_capture_keeps_durable_rows_and_resume_completes_it(engine, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="capture/capture_run.py: a --resume killed after moving <out> to <out>.resume-prev and before "
-    "its copy of the kept rows is durable loses them: the next --resume finds no <out> (or an empty one "
-    "that it moves over .resume-prev) and sends every key again; reported to the lead",
-)
 def test_a_killed_resume_keeps_the_rows_it_was_copying(engine, tmp_path):
     """The state a --resume leaves when killed right after its first step (os.replace(out,
     out.resume-prev)), built without a clock: the next --resume must still keep those rows."""
