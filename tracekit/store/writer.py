@@ -11,6 +11,7 @@ trace with every request appended before the kill (`reader.open_h5`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -254,6 +255,12 @@ class TraceWriter:
         values = np.ascontiguousarray(values)
         dsid.write(h5py.h5s.create_simple(values.shape), fspace, values)
 
+    def set_run(self, run: dict) -> None:
+        """Replace the run metadata (what a capture learns while it runs); written at close, since
+        SWMR forbids changing an attribute while open. A killed writer's trace keeps the first."""
+        self.meta = dataclasses.replace(self.meta, run=run)
+        self._run_changed = True
+
     def flush(self) -> None:
         # Flush the file, not the datasets: a dataset-only flush left files that
         # reopened as "likely file corruption" after SIGKILL.
@@ -263,6 +270,9 @@ class TraceWriter:
         if self._f.id.valid:
             self._f.flush()
             self._f.close()
+            if getattr(self, "_run_changed", False):  # the journal, kept until below, covers a kill here
+                with h5py.File(self.path, "r+") as f:
+                    f.attrs["run"] = json.dumps(self.meta.run, sort_keys=True)
             # The file is whole and closed: a kill from here on leaves a readable
             # file (and a stale journal that no reader consults).
             repack_if_sparse(self.path)
