@@ -1,151 +1,24 @@
 """Pair two traces' requests by key and lay their token rows side by side.
 
-Reads the request tables, the 1-D token columns (token_id, logprob) and the
-prompt ids; top-k rows are fetched later by the classifier, at divergence
-positions only. This module decides *which* rows are compared and whether a
-pair is comparable at all; it does not classify (classify.py) or print
-(report.py).
+The sides (sides.py) hold each trace's selected rows and columns. This module
+decides which rows are compared and whether a pair is comparable at all:
+missing, failed, an ambiguous key, different prompts, sampled, asked
+differently, a teacher-forced replay of other tokens, unknown token ids. It
+does not classify (classify.py) or print (report.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from tracekit.errors import AlignmentError, ConfigError
-from tracekit.schema import RequestTable, RunMeta
-from tracekit.store import TraceReader, prompt_column
+from tracekit.errors import AlignmentError
 
-from .streams import Asked, asked, sampled_reason
+from .sides import Side, load_side, parse_select, top1
+from .streams import Asked, asked, requests_differ, sampled_reason
 
-# Request columns a --a-select/--b-select filter may name.
-SELECTABLE = ("history", "dtype", "finish_reason", "status")
-
-
-def parse_select(text: str | None) -> dict[str, str]:
-    """'history=full,dtype=fp32' -> {'history': 'full', 'dtype': 'fp32'}."""
-    out: dict[str, str] = {}
-    for part in (text or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or name not in SELECTABLE:
-            raise ConfigError(
-                f"bad row selection {part!r}: expected NAME=VALUE with NAME one of "
-                f"{', '.join(SELECTABLE)} (e.g. history=full,dtype=fp32)"
-            )
-        out[name] = value.strip()
-    return out
-
-
-@dataclass(frozen=True)
-class Side:
-    """One trace after row selection; token columns are whole-file arrays."""
-
-    path: str
-    meta: RunMeta
-    table: RequestTable
-    rows: np.ndarray  # [R] int64: selected request rows, one per key
-    token_id: np.ndarray  # [N] int32: the whole token_id column
-    logprob: np.ndarray  # [N] float32: the whole logprob column
-    prompt: np.ndarray  # [M] int32: all prompt ids, concatenated
-    reader: TraceReader
-    note: str = ""  # repeated keys, said in every output
-
-
-def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> tuple[np.ndarray, str]:
-    """(one row per key, a note naming repeated keys or ''). A repeated key in an
-    HTTP trace (a resumed run, a re-sent prompt) keeps its last row, and says so:
-    rows never collapse silently."""
-    t = reader.requests
-    keep = np.ones(len(t), dtype=bool)
-    for name, value in select.items():
-        keep &= getattr(t, name) == value
-    rows = np.flatnonzero(keep)
-    if len(t) and not len(rows):
-        raise AlignmentError(
-            f"{reader.path}: no request row matches --{label}-select "
-            f"{','.join(f'{k}={v}' for k, v in select.items())}{_choices(t)}"
-        )
-    keys = t.key[rows]
-    uniq, last, counts = np.unique(keys[::-1], return_index=True, return_counts=True)
-    if len(uniq) == len(keys):
-        return rows, ""
-    if reader.meta.source == "teacher_forced":
-        raise AlignmentError(
-            f"{reader.path} holds several teacher-forced rows per key{_choices(t)}; "
-            f"pick one with --{label}-select history=H,dtype=D"
-        )
-    rep = counts > 1
-    shown = ", ".join(f"{k} x{c}" for k, c in zip(uniq[rep][:5].tolist(), counts[rep][:5].tolist()))
-    more = f" and {int(rep.sum()) - 5} more" if rep.sum() > 5 else ""
-    note = (
-        f"{label.upper()} ({reader.path}): {int(rep.sum())} key(s) appear more than once "
-        f"({shown}{more}, {int(counts[rep].sum())} rows); the last row of each is compared"
-    )
-    return np.sort(rows[len(rows) - 1 - last]), note
-
-
-def _choices(t: RequestTable) -> str:
-    combos = sorted({f"history={h},dtype={d}" for h, d in zip(t.history, t.dtype) if h or d})
-    return f" (it has: {'; '.join(combos)})" if combos else ""
-
-
-def top1(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of [N, k] top-k columns: the id with the largest raw logit (the
-    logprob where a row has no logits) and its logprob. -1 / NaN for empty rows."""
-    score = lps.astype(np.float64)
-    if logits is not None:
-        has = ~np.isnan(logits).all(1, keepdims=True)
-        score = np.where(has, logits, score)
-    score = np.where(np.isnan(score) | (ids < 0), -np.inf, score)
-    if not ids.shape[1]:
-        return np.full(len(ids), -1, np.int32), np.full(len(ids), np.nan, np.float32)
-    j = score.argmax(1)
-    r = np.arange(len(ids))
-    empty = np.isneginf(score[r, j])
-    return np.where(empty, -1, ids[r, j]).astype(np.int32), np.where(empty, np.nan, lps[r, j]).astype(np.float32)
-
-
-def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: str = "a") -> Side:
-    """Select rows and read the compared columns. In a teacher-forced trace the
-    stored token_id is the replayed (forced) token, the same in every history;
-    what a history *predicts* is its top-1, so that is what gets compared."""
-    rows, note = _select_rows(reader, select or {}, label)
-    if reader.meta.source == "teacher_forced":
-        logits = reader.column("topk_logit") if reader.has_column("topk_logit") else None
-        token_id, logprob = top1(reader.column("topk_id"), reader.column("topk_logprob"), logits)
-    else:
-        cols = reader.columns(["token_id", "logprob"])
-        token_id, logprob = cols["token_id"], cols["logprob"]
-    return Side(reader.path, reader.meta, reader.requests, rows, token_id, logprob, prompt_column(reader), reader, note)
-
-
-def chosen_logits(side: Side) -> np.ndarray:
-    """[N] the raw logit of each chosen token (NaN where not in its top-k row)."""
-    r = side.reader
-    ids, lg = r.column("topk_id"), r.column("topk_logit")
-    hit = (ids == side.token_id[:, None]) & (ids >= 0)
-    j = hit.argmax(1)
-    return np.where(hit.any(1), lg[np.arange(len(ids)), j], np.nan).astype(np.float32)
-
-
-def drift_values(a: Side, b: Side) -> tuple[Side, Side, str]:
-    """The values drift is measured on: the chosen logprobs, or, when a trace
-    stores none (vLLM --logprobs-mode raw_logits puts logits in their place) and
-    both stored raw logits, the chosen tokens' raw logits on both sides (read
-    whole only then). Returns the sides and a note ('' for logprobs)."""
-    if all(np.isfinite(s.logprob).any() or not len(s.logprob) for s in (a, b)):
-        return a, b, ""
-    if not (a.reader.has_column("topk_logit") and b.reader.has_column("topk_logit")):
-        return a, b, ""
-    a = dataclasses.replace(a, logprob=chosen_logits(a))
-    b = dataclasses.replace(b, logprob=chosen_logits(b))
-    return a, b, "drift is measured on the chosen tokens' raw logits: a trace stores no logprobs"
+__all__ = ["Alignment", "Side", "align", "load_side", "parse_select", "segments", "top1"]
 
 
 def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -215,7 +88,7 @@ def _prompt_reason(a: Side, b: Side, ra: np.ndarray, rb: np.ndarray) -> np.ndarr
     ta, tb = a.table, b.table
     pa, pb = ta.prompt_len[ra].astype(np.int64), tb.prompt_len[rb].astype(np.int64)
     out = np.full(len(ra), "", dtype=object)
-    known = (pa >= 0) & (pb >= 0)
+    known = (pa > 0) & (pb > 0)  # no prompt is empty: 0 stored ids say nothing, use the hash
     for i in np.flatnonzero(known & (pa != pb)):
         out[i] = f"different prompts: {pa[i]} vs {pb[i]} tokens"
     same = np.flatnonzero(known & (pa == pb))
@@ -246,6 +119,7 @@ def align(a: Side, b: Side) -> Alignment:
     for rsn in (
         _status_reason(a, row_a[both], "A"),
         _status_reason(b, row_b[both], "B"),
+        _ambiguous_reason(a, b, keys[both], row_a[both], row_b[both]),
         _prompt_reason(a, b, row_a[both], row_b[both]),
     ):
         fill = (reason[both] == "") & (rsn != "")
@@ -258,10 +132,11 @@ def align(a: Side, b: Side) -> Alignment:
     off_a, off_b = get(a, row_a, "token_offset"), get(b, row_b, "token_offset")
     asked_a, asked_b = asked(a, row_a), asked(b, row_b)
     for i in np.flatnonzero(reason == "").tolist():
-        reason[i] = sampled_reason(asked_a[i], asked_b[i])
+        reason[i] = sampled_reason(asked_a[i], asked_b[i]) or requests_differ(asked_a[i], asked_b[i])
     length = np.where(reason == "", np.minimum(n_a, n_b), 0)
-    unknown = _unknown_ids_reason(a, b, length, off_a, off_b)
-    reason[unknown != ""] = unknown[unknown != ""]
+    for rsn in (_unknown_ids_reason(a, b, length, off_a, off_b), _replay_reason(a, b, length, off_a, off_b)):
+        fill = (reason == "") & (rsn != "")
+        reason[fill] = rsn[fill]
     length = np.where(reason == "", length, 0)
     seg, pos, start = segments(length)
     return Alignment(
@@ -284,6 +159,59 @@ def align(a: Side, b: Side) -> Alignment:
         tuple(asked_a),
         tuple(asked_b),
     )
+
+
+def _ambiguous_reason(a: Side, b: Side, keys: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
+    """A key answered ok more than once in one trace: which is the run's answer? Each
+    answer is shown against the other side's (where it first differs)."""
+    out = np.full(len(keys), "", dtype=object)
+    for label, side, other, orow in (("A", a, b, rb), ("B", b, a, ra)):
+        if not side.ambiguous:
+            continue
+        t = side.table
+        for i, k in enumerate(keys.tolist()):
+            if k not in side.ambiguous or out[i]:
+                continue
+            theirs = _tokens(other, int(orow[i]))
+            said = []
+            for r in np.flatnonzero((t.key == k) & (t.status == "ok")).tolist():
+                mine = _tokens(side, r)
+                n = min(len(mine), len(theirs))
+                d = np.flatnonzero(mine[:n] != theirs[:n])
+                name = f"row {r}" + (f" (history {t.history[r]})" if t.history[r] else "")
+                if len(d):
+                    said.append(f"{name} differs at {d[0]} ({mine[d[0]]} vs {theirs[d[0]]})")
+                else:
+                    said.append(f"{name} {'same tokens' if len(mine) == len(theirs) else 'same prefix'}")
+            out[i] = (
+                f"{label} ({side.path}) holds {len(said)} ok answers for this key: {'; '.join(said)}; which one "
+                "is the run's answer is ambiguous (select one with --a-select/--b-select)"
+            )
+    return out
+
+
+def _tokens(side: Side, row: int) -> np.ndarray:
+    t = side.table
+    return side.token_id[t.token_offset[row] : t.token_offset[row] + t.n_tokens[row]]
+
+
+def _replay_reason(a: Side, b: Side, length, off_a, off_b) -> np.ndarray:
+    """A teacher-forced side predicts each position after the tokens it replayed:
+    those must be the other side's tokens (or its replay), else the contexts differ."""
+    out = np.full(len(length), "", dtype=object)
+    if a.replayed is None and b.replayed is None:
+        return out
+    seg, pos, _ = segments(length)
+    ctx_a = (a.replayed if a.replayed is not None else a.token_id)[off_a[seg] + pos]
+    ctx_b = (b.replayed if b.replayed is not None else b.token_id)[off_b[seg] + pos]
+    bad = np.flatnonzero(ctx_a != ctx_b)
+    segs, first = np.unique(seg[bad], return_index=True)
+    for i, j in zip(segs.tolist(), bad[first].tolist()):
+        out[i] = (
+            f"the teacher-forced side replays other tokens than the other side's "
+            f"(position {int(pos[j])}: {int(ctx_a[j])} vs {int(ctx_b[j])}): its predictions saw another prefix"
+        )
+    return out
 
 
 def _unknown_ids_reason(a: Side, b: Side, length, off_a, off_b) -> np.ndarray:

@@ -14,10 +14,11 @@ from typing import Iterable
 
 import numpy as np
 
+from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader, read_token_rows
 
-from .align import Side, align, drift_values, load_side, parse_select
+from .align import Side, align, load_side, parse_select
 from .classify import Thresholds, classify
 from .grid import Grid, normalise, on_grid, resolve_dtype
 from .result import DiffResult, rule_text
@@ -35,20 +36,22 @@ def _open(stack: contextlib.ExitStack, t: str | os.PathLike | TraceReader) -> Tr
 
 
 def eos_ids(a: Side, b: Side, extra: Iterable[int] = (), tokenizer: str | None = None) -> tuple[tuple[int, ...], str]:
-    """EOS ids and where they came from: the run metadata (the engine's
-    self-report or the model's files at capture), --eos, --tokenizer DIR, and
-    failing all of these the model directory the run names when it exists here.
-    Never inferred from the streams (a stop string is not an EOS)."""
+    """A's EOS ids (post_eos is a claim about A's stream) and where they came from:
+    A's run metadata (the engine's self-report or the model's files read at
+    capture), --eos, --tokenizer DIR; B's run metadata only when A names none; and
+    failing all of these the model directory a run names when it exists here. Never
+    inferred from the streams (a stop string is not an EOS)."""
     from tracekit.modelinfo import eos_token_ids
 
     found: list[tuple[str, set[int]]] = [
         ("A's run metadata", set(a.meta.eos_token_ids)),
-        ("B's run metadata", set(b.meta.eos_token_ids)),
         ("--eos", {int(x) for x in extra}),
     ]
     if tokenizer:
         d = os.path.dirname(tokenizer) if os.path.isfile(tokenizer) else tokenizer  # a tokenizer.json: its dir
         found.append((f"--tokenizer {tokenizer}", set(eos_token_ids(d or "."))))
+    if not any(ids for _, ids in found) and b.meta.eos_token_ids:
+        found.append(("B's run metadata (A names none)", set(b.meta.eos_token_ids)))
     if not any(ids for _, ids in found):
         for side in (a, b):
             for k in ("tokenizer", "model_dir"):
@@ -62,45 +65,73 @@ def eos_ids(a: Side, b: Side, extra: Iterable[int] = (), tokenizer: str | None =
     return tuple(sorted(ids)), " + ".join(dict.fromkeys(src for src, s in found if s))
 
 
-def _inferred_grid(side: Side) -> Grid | None:
-    """With no dtype in the metadata but raw logits stored: the finest of BF16 /
-    FP16 / FP32 whose grid holds every sampled logit (the first 256 token rows)."""
+def _eos_note(a: Side, b: Side) -> str:
+    ea, eb = set(a.meta.eos_token_ids), set(b.meta.eos_token_ids)
+    if ea and eb and ea != eb:
+        return f"A's and B's run metadata name different EOS ids ({sorted(ea)} vs {sorted(eb)}): A's are used"
+    return ""
+
+
+def _sampled_logits(side: Side) -> np.ndarray:
+    """Finite non-zero raw logits of the first 256 token rows (empty without logits)."""
     r = side.reader
     n = min(256, r.n_token_rows)
     if not r.has_column("topk_logit") or not n:
-        return None
+        return np.zeros(0)
     x = read_token_rows(r, "topk_logit", np.arange(n)).ravel()
-    x = x[np.isfinite(x) & (x != 0)]
-    if not len(x):
-        return None
-    for d, bits in (("bf16", 7), ("fp16", 10)):
-        if on_grid(x, bits).all():
-            return Grid(d, f"inferred: {len(x)} sampled raw logits all lie on the {d.upper()} grid", False)
-    return Grid("fp32", "inferred: the raw logits are not on the BF16 or FP16 grid", False)
+    return x[np.isfinite(x) & (x != 0)]
 
 
-def side_dtypes(side: Side, rows: np.ndarray, override: str | None, label: str) -> tuple[np.ndarray, Grid, list[str]]:
-    """Per pair [P] the dtype name this side is judged on, the side's grid, notes.
-    A teacher-forced row's own `dtype` wins over the run's (one file holds several)."""
+def _finest_holding(x: np.ndarray) -> str:
+    return next((d for d in ("bf16", "fp16") if on_grid(x, DTYPES[d].mantissa_bits).all()), "fp32")
+
+
+def side_grid(side: Side, override: str | None, label: str) -> tuple[Grid, list[str]]:
+    """The grid a trace is judged on, and notes. Named dtypes are checked against
+    the raw logits the trace holds (a sample here; each divergence row in
+    classify): logits off the named grid refute it. With no name, the logits
+    decide; without logits either, BF16 is assumed (said)."""
     grid, conflict = resolve_dtype(side.meta.run, override)
     notes = [f"{label}: {conflict}"] if conflict else []
-    if not grid.known:
-        grid = _inferred_grid(side) or grid
+    if override:
+        return grid, notes
+    x = _sampled_logits(side)
+    if len(x):
+        holds = _finest_holding(x)
+        if not grid.known:
+            grid = Grid(holds, f"inferred: {len(x)} sampled raw logits lie on the {holds.upper()} grid", False)
+            if holds == "fp32":
+                grid = Grid("fp32", "inferred: the raw logits are not on the BF16 or FP16 grid", False)
+        elif DTYPES[holds].mantissa_bits > grid.bits:
+            notes.append(
+                f"{label}: the run metadata says {grid.dtype} but its raw logits are not on that grid: "
+                f"judged on {holds} (pass --dtype {grid.dtype} if the logits are post-processed, e.g. soft-capped)"
+            )
+            grid = Grid(holds, f"{grid.source}, refuted by the raw logits", True)
+    return grid, notes
+
+
+def side_dtypes(
+    side: Side, rows: np.ndarray, grid: Grid, override: str | None, label: str
+) -> tuple[np.ndarray, list[str]]:
+    """Per pair [P] the dtype name this side is judged on. A teacher-forced row's own
+    `dtype` is its configuration (one file holds several); an HTTP row's `dtype`
+    that disagrees with the run is a conflict, judged on the finer grid."""
     per_row = np.full(len(rows), grid.dtype, dtype=object)
-    if not override:
-        col = side.table.dtype
-        for i, r in enumerate(rows.tolist()):
-            d = normalise(col[r]) if r >= 0 else None
-            if d:
-                per_row[i] = d
-    row_named = bool(len(rows)) and not override and (per_row != grid.dtype).any()
-    if not grid.known and not row_named:
-        notes.append(
-            f"{label}: dtype {grid.dtype} ({grid.source}); distances are counted on that grid. "
-            "Pass --dtype (or record dtype in the run metadata) if it is wrong: an FP32 run judged "
-            "on the BF16 grid can hide a bug"
-        )
-    return per_row, grid, notes
+    notes: list[str] = []
+    if override:
+        return per_row, notes
+    col = side.table.dtype
+    tf = side.meta.source == "teacher_forced"
+    for i, r in enumerate(rows.tolist()):
+        d = normalise(col[r]) if r >= 0 else None
+        if not d or d == grid.dtype:
+            continue
+        if tf or DTYPES[d].mantissa_bits > grid.bits:
+            per_row[i] = d
+        if not tf and not notes:
+            notes.append(f"{label}: request rows name dtype {d}, the run {grid.dtype}: judged on the finer grid")
+    return per_row, notes
 
 
 def _as_select(sel: str | dict | None) -> dict[str, str]:
@@ -143,14 +174,35 @@ def diff(
         side_a = load_side(ra, _as_select(a_select), "a")
         side_b = load_side(rb, _as_select(b_select), "b")
         ids, src = eos_ids(side_a, side_b, eos, tokenizer)
-        side_a, side_b, drift_note = drift_values(side_a, side_b)
         al = align(side_a, side_b)
-        dt_a, grid_a, notes_a = side_dtypes(side_a, al.row_a, dtype, "A")
-        dt_b, grid_b, notes_b = side_dtypes(side_b, al.row_b, dtype, "B")
-        cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b))
+        grid_a, notes_a = side_grid(side_a, dtype, "A")
+        grid_b, notes_b = side_grid(side_b, dtype, "B")
+        # A side whose dtype is only assumed takes the other side's known one: never
+        # judge a known FP32 trace on an assumed, coarser grid.
+        if not grid_a.known and grid_b.known and not grid_a.source.startswith("inferred"):
+            grid_a = Grid(grid_b.dtype, f"assumed like B ({grid_b.describe()}); A names none", False)
+        if not grid_b.known and grid_a.known and not grid_b.source.startswith("inferred"):
+            grid_b = Grid(grid_a.dtype, f"assumed like A ({grid_a.describe()}); B names none", False)
+        for label, g, n, side in (("A", grid_a, notes_a, side_a), ("B", grid_b, notes_b, side_b)):
+            if not g.known and side.meta.source != "teacher_forced":  # teacher-forced rows name their dtype
+                n.append(
+                    f"{label}: dtype {g.dtype} ({g.source}); distances are counted on that grid. Pass --dtype "
+                    "(or record dtype in the run metadata) if it is wrong: an FP32 run judged on the BF16 grid "
+                    "can hide a bug"
+                )
+        dt_a, more_a = side_dtypes(side_a, al.row_a, grid_a, dtype, "A")
+        dt_b, more_b = side_dtypes(side_b, al.row_b, grid_b, dtype, "B")
+        fixed = (bool(dtype), bool(dtype))
+        cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b), fixed)
         cols["rule"] = np.array([rule_text(cols, i) for i in range(len(al.keys))], dtype=object)
         cols["teacher"] = np.full(len(al.keys), None, dtype=object)
-        notes = [n for n in (side_a.note, side_b.note, drift_note) if n] + notes_a + notes_b
+        notes = [n for n in (side_a.note, side_b.note, _eos_note(side_a, side_b)) if n]
+        notes += notes_a + more_a + notes_b + more_b
+        if cols["drift_on_logits"].any():
+            notes.append(
+                f"{int(cols['drift_on_logits'].sum())} pair(s) store no logprobs: their drift is measured on the "
+                "chosen tokens' raw logits, in steps"
+            )
         if not ids:
             notes.append(f"EOS ids {EOS_UNKNOWN}")
         if teacher is not None:

@@ -5,18 +5,28 @@ top-k rows of both traces at t are read (only those rows) and, vectorised over
 the D pairs, this module measures for each side s (own token x_s, the other
 side's token y):
 
-  gap_s        logprob_s(x_s) - logprob_s(y)            nats (a lower bound when y is not in s's top-k)
-  gap_s_ulp    logit_s(x_s) - logit_s(y)                steps of the pair's grid, when s stored logits
-  below_s      top1_s - x_s: how far s's choice lies below its own top-1 (nats; steps with logits)
+  gap_s        value_s(x_s) - value_s(y)                nats (a lower bound when y is not in s's top-k),
+               and steps of the pair's grid when s stored logits
+  below_s      how far s's choice lies below its own top-1, by logit and by logprob
   agree_s      (logit gap) - (logprob gap): logits and logprobs must tell the same gap
   move_x       value_B(x) - value_A(x) for x in (token_a, token_b): how far each candidate
-               moved between the traces (steps of logits when both have them, else logprob nats)
+               moved between the traces (steps of logits when both have them, and nats)
+  row_bad_s    what is wrong with s's row itself (flags below)
 
-and checks each against the tolerances of the pair (classify.Tol, per dtype):
-greedy (below within the tie tolerance of the side's own grid), tie (gap within
-the tie tolerance), numeric (gap within the drift tolerance), moved (within
-the drift tolerance) and agree (within the tie tolerance on the grid at the
-row's scale). The classifier combines them; result.py words them.
+and checks each against the pair's tolerances (classify.Tol, per dtype):
+
+- greedy: the chosen token is its own top-1 by logit AND by logprob, ties
+  allowed and nothing else. Engines report the values they take the argmax of,
+  and rounding is monotone, so a greedy choice is never below its own top-1;
+- tie / numeric: each gap within the tie / drift tolerance;
+- moved: each candidate's logit within the drift tolerance in steps; its
+  logprob within the drift tolerance in nats (without logits), or, with logits,
+  its logprob moved like its logit up to the drift tolerance at the row's scale
+  (the normaliser cannot move more than the logits do);
+- agree: logit and logprob gaps equal within the tie tolerance at the row's scale;
+- a sane row: ids unique, no +inf, no logprob > 0, probabilities summing to at
+  most 1, no unknown id (-1) at or above the choice, both candidates' logits
+  finite where the row has logits.
 """
 
 from __future__ import annotations
@@ -29,6 +39,13 @@ from tracekit.store import read_token_rows
 
 from .grid import spacing, steps
 
+# row_bad flags (rules.py words them)
+DUP_ID, POS_INF, POSITIVE_LP, SUM_OVER_ONE, UNKNOWN_ABOVE, CAND_LOGIT, COLUMN = 1, 2, 4, 8, 16, 32, 64
+COLUMN_NATS = 1e-4  # the chosen-logprob column and the top-k row come from one response
+GREEDY_NATS = 1e-6  # float32 logprobs of equal logits are equal; this only absorbs their last bit
+POSITIVE_LIMIT = 1e-3  # a logprob above this is a probability above 1 (rounding gives ~1e-6)
+SUM_LIMIT = 1.01  # probabilities of a top-k row: at most 1, with room for rounding
+
 
 @dataclass(frozen=True)
 class SideRow:
@@ -36,49 +53,109 @@ class SideRow:
 
     has_mine: np.ndarray  # [D] bool: own token in own top-k
     has_other: np.ndarray  # [D] bool: the other side's token in own top-k
-    lp_mine: np.ndarray  # [D] float64 nats (the stored chosen logprob when not in top-k)
+    lp_mine: np.ndarray  # [D] float64 nats (the chosen column's value when not in top-k)
     lp_other: np.ndarray  # NaN when not in top-k
     lg_mine: np.ndarray  # raw logits, NaN when not stored
     lg_other: np.ndarray
-    top1: np.ndarray  # [D] int64 id of the largest logit (logprob without logits), -1 when none
-    lp_top: np.ndarray
-    lg_top: np.ndarray
+    top1: np.ndarray  # [D] int64 the top-1 id (by logit where the row has logits), -1 when none
+    lp_top: np.ndarray  # the largest logprob of the row (any entry)
+    lg_top: np.ndarray  # the largest logit of the row
+    top1_lp: np.ndarray  # [D] int64 the id with the largest logprob
     scale: np.ndarray  # [D] the row's magnitude: max |logit| of top-1 and both candidates (NaN w/o logits)
     gap: np.ndarray  # nats: lp_mine - lp_other, or a lower bound to the lowest top-k entry
+    bad: np.ndarray  # [D] int: row_bad flags
+    prob_sum: np.ndarray  # [D] sum of the row's probabilities
+    detail: np.ndarray  # [D, 6] float: numbers for the flags' texts (see _details)
 
 
-def side_row(
-    ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None, mine: np.ndarray, other: np.ndarray, chosen_lp
-) -> SideRow:
+def _argmax(score: np.ndarray, ids: np.ndarray, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = np.where(ok, score, -np.inf)
+    j = s.argmax(1)
+    r = np.arange(len(ids))
+    best = s[r, j]
+    return np.where(np.isneginf(best), -1, ids[r, j]).astype(np.int64), np.where(np.isneginf(best), np.nan, best)
+
+
+def side_row(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None, mine, other, chosen_lp) -> SideRow:
     """ids/lps/logits [D, k] top-k rows; mine/other [D] token ids; chosen_lp [D]."""
     D, k = ids.shape
     nan = np.full(D, np.nan)
     if not k:  # a trace without top-k: nothing can be measured
-        no = np.zeros(D, bool)
-        return SideRow(no, no, chosen_lp.copy(), nan, nan, nan, np.full(D, -1), nan, nan, nan, nan)
+        no, zero = np.zeros(D, bool), np.zeros(D, np.int64)
+        neg, det = np.full(D, -1), np.full((D, 6), np.nan)
+        return SideRow(no, no, chosen_lp.copy(), nan, nan, nan, neg, nan, nan, neg, nan, nan, zero, nan, det)
     r = np.arange(D)
     lps = lps.astype(np.float64)
     lg = logits.astype(np.float64) if logits is not None else np.full((D, k), np.nan)
-    m_mine, m_other = (ids == mine[:, None]) & (ids >= 0), (ids == other[:, None]) & (ids >= 0)
+    valid = ids >= 0
+    m_mine, m_other = (ids == mine[:, None]) & valid, (ids == other[:, None]) & valid
     has_mine, has_other = m_mine.any(1), m_other.any(1)
     j_mine, j_other = m_mine.argmax(1), m_other.argmax(1)
     lp_mine = np.where(has_mine, lps[r, j_mine], chosen_lp)
     lp_other = np.where(has_other, lps[r, j_other], np.nan)
     lg_mine = np.where(has_mine, lg[r, j_mine], np.nan)
     lg_other = np.where(has_other, lg[r, j_other], np.nan)
-    # Top-1 by raw logit where the row has logits, else by logprob.
-    row_has_lg = np.isfinite(lg).any(1, keepdims=True)
-    score = np.where(row_has_lg, lg, lps)
-    score = np.where(np.isfinite(score) & (ids >= 0), score, -np.inf)
-    jt = score.argmax(1)
-    empty = np.isneginf(score[r, jt])
-    top1 = np.where(empty, -1, ids[r, jt]).astype(np.int64)
-    lp_top, lg_top = np.where(empty, np.nan, lps[r, jt]), np.where(empty, np.nan, lg[r, jt])
-    scale = np.fmax(np.fmax(np.abs(lg_top), np.abs(lg_mine)), np.abs(lg_other))
-    floor = np.where(np.isfinite(lps) & (ids >= 0), lps, np.inf).min(1)
-    gap = np.where(has_other, lp_mine - lp_other, lp_mine - floor)
+    row_lg = np.isfinite(lg).any(1)
+    # Top-1 by logit (+inf counts: it is the top) and by logprob, over every listed id.
+    top_lg, lg_top = _argmax(lg, ids, valid & ~np.isnan(lg))
+    top_lp, lp_top = _argmax(lps, ids, valid & ~np.isnan(lps))
+    top1 = np.where(row_lg, top_lg, top_lp)
+    scale = np.fmax(np.fmax(np.abs(np.where(np.isfinite(lg_top), lg_top, np.nan)), np.abs(lg_mine)), np.abs(lg_other))
+    finite_lps = np.where(np.isfinite(lps) & valid, lps, np.inf)
+    gap = np.where(has_other, lp_mine - lp_other, lp_mine - finite_lps.min(1))
     gap[~np.isfinite(gap)] = np.nan
-    return SideRow(has_mine, has_other, lp_mine, lp_other, lg_mine, lg_other, top1, lp_top, lg_top, scale, gap)
+    # What is wrong with the row itself.
+    sorted_ids = np.sort(np.where(valid, ids, -1 - np.arange(k)), axis=1)  # invalid slots never equal
+    prob_sum = np.where(valid & np.isfinite(lps), np.exp(np.minimum(lps, 50.0)), 0.0).sum(1)
+    unknown = ~valid & (np.isfinite(lps) | np.isfinite(lg))
+    above = (np.where(unknown, lps, -np.inf) >= lp_mine[:, None]) | (np.where(unknown, lg, -np.inf) >= lg_mine[:, None])
+    col_off = has_mine & np.isfinite(chosen_lp) & np.isfinite(lp_mine)
+    col_off &= np.abs(chosen_lp - lp_mine) > COLUMN_NATS * np.maximum(1, np.abs(lp_mine))
+    bad = (
+        COLUMN * col_off
+        + DUP_ID * (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any(1)
+        + POS_INF * (np.isposinf(lps) | np.isposinf(lg)).any(1)
+        + POSITIVE_LP * (np.where(valid, lps, -np.inf) > POSITIVE_LIMIT).any(1)
+        + SUM_OVER_ONE * (prob_sum > SUM_LIMIT)
+        + UNKNOWN_ABOVE * (unknown & above).any(1)
+        + CAND_LOGIT * (row_lg & (~np.isfinite(lg_mine) | (has_other & ~np.isfinite(lg_other))))
+    ).astype(np.int64)
+    detail = _details(ids, lps, lg, valid, unknown, chosen_lp, lp_mine, lg_mine, lg_other)
+    return SideRow(
+        has_mine,
+        has_other,
+        lp_mine,
+        lp_other,
+        lg_mine,
+        lg_other,
+        top1,
+        lp_top,
+        lg_top,
+        top_lp,
+        scale,
+        gap,
+        bad,
+        prob_sum,
+        detail,
+    )
+
+
+def _details(ids, lps, lg, valid, unknown, chosen_lp, lp_mine, lg_mine, lg_other) -> np.ndarray:
+    """[D, 6] numbers the rule text quotes: the chosen-logprob column's value, the
+    largest logprob, how far an unknown id lies above the choice, the first repeated
+    id and its first two logprobs. The non-finite candidate logit is lg_mine / lg_other."""
+    D, k = ids.shape
+    out = np.full((D, 6), np.nan)
+    out[:, 0] = chosen_lp
+    out[:, 1] = np.where(valid & ~np.isnan(lps), lps, -np.inf).max(1)
+    out[:, 2] = np.where(unknown, lps, -np.inf).max(1) - lp_mine
+    for i in range(D):  # rows with a repeated id are rare: the loop runs over those only
+        v = ids[i][valid[i]]
+        if len(np.unique(v)) < len(v):
+            u, c = np.unique(v, return_counts=True)
+            out[i, 3] = u[c > 1][0]
+            out[i, 4:6] = lps[i][ids[i] == out[i, 3]][:2]
+    return out
 
 
 def fetch_rows(side, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -103,34 +180,55 @@ def _within(ulp: np.ndarray, nats: np.ndarray, tol_ulp: np.ndarray, tol_nats: np
     return np.where(np.isfinite(ulp), np.abs(ulp) <= tol_ulp, np.abs(nats) <= tol_nats)
 
 
-def measure(a: SideRow, b: SideRow, bits: np.ndarray, bits_a: np.ndarray, bits_b: np.ndarray, tol, tol_a, tol_b):
+def _unit(row: SideRow, bits, floor_abs: float) -> np.ndarray:
+    """One grid step at the row's scale (its top), never finer than at the floor |x|."""
+    return spacing(np.fmax(row.scale, floor_abs), bits)
+
+
+def measure(a: SideRow, b: SideRow, bits, bits_a, bits_b, tol, floor_abs: float):
     """All evidence columns [D] and check flags. bits: the pair's (coarser) grid;
-    bits_a/bits_b each side's own grid (its greedy check). tol/tol_a/tol_b: dicts
-    of [D] tolerance arrays (classify.tol_columns)."""
+    bits_a/bits_b each side's own grid (its greedy check). tol: dict of [D]
+    tolerance arrays (classify.tol_columns)."""
     ev: dict[str, np.ndarray] = {}
-    for s, row, own_bits, own_tol in (("a", a, bits_a, tol_a), ("b", b, bits_b, tol_b)):
-        gap_ulp = steps(row.lg_mine, row.lg_other, bits, row.scale)
-        below_ulp = steps(row.lg_top, row.lg_mine, own_bits, row.scale)
+    for s, row, own_bits in (("a", a, bits_a), ("b", b, bits_b)):
+        gap_ulp = steps(row.lg_mine, row.lg_other, bits, row.scale, floor_abs)
+        below_ulp = steps(row.lg_top, row.lg_mine, own_bits, row.scale, floor_abs)
         below = row.lp_top - row.lp_mine
         agree = (row.lg_mine - row.lg_other) - (row.lp_mine - row.lp_other)
-        agree_tol = tol["tie_ulps"] * spacing(row.scale, bits)
+        agree_tol = tol["tie_ulps"] * _unit(row, bits, floor_abs)
         ev[f"gap_{s}"], ev[f"gap_{s}_ulp"] = row.gap, gap_ulp
-        ev[f"below_{s}"], ev[f"below_{s}_ulp"], ev[f"top1_{s}"] = below, below_ulp, row.top1
+        ev[f"below_{s}"], ev[f"below_{s}_ulp"] = below, below_ulp
+        ev[f"top1_{s}"] = np.where(np.isfinite(below_ulp) & (below_ulp > 0), row.top1, row.top1_lp)
         ev[f"agree_{s}"], ev[f"agree_tol_{s}"] = agree, agree_tol
         ev[f"own_in_topk_{s}"] = row.has_mine
-        ev[f"greedy_ok_{s}"] = row.has_mine & _within(below_ulp, below, own_tol["tie_ulps"], own_tol["tie_nats"])
+        ev[f"row_bad_{s}"], ev[f"prob_sum_{s}"] = row.bad, row.prob_sum
+        det = row.detail.T
+        ev[f"col_lp_{s}"], ev[f"max_lp_{s}"], ev[f"unk_above_{s}"], ev[f"dup_id_{s}"] = det[:4]
+        ev[f"dup_lp1_{s}"], ev[f"dup_lp2_{s}"] = det[4:6]
+        ev[f"topk_lp_{s}"], ev[f"lg_mine_{s}"], ev[f"lg_other_{s}"] = row.lp_mine, row.lg_mine, row.lg_other
+        # Greedy: no entry above the choice, by logit (where measured) and by logprob.
+        by_logit = ~np.isfinite(row.lg_top) & ~np.isposinf(row.lg_top) | (below_ulp <= 0)
+        by_logprob = np.isnan(below) | (below <= GREEDY_NATS * np.maximum(1, np.abs(row.lp_top)))
+        ev[f"greedy_ok_{s}"] = row.has_mine & by_logit & by_logprob
         ev[f"tie_ok_{s}"] = row.has_other & _within(gap_ulp, row.gap, tol["tie_ulps"], tol["tie_nats"])
         ev[f"num_ok_{s}"] = row.has_other & _within(gap_ulp, row.gap, tol["drift_ulps"], tol["drift_nats"])
         ev[f"agree_ok_{s}"] = ~np.isfinite(agree) | (np.abs(agree) <= agree_tol)
+        ev[f"row_ok_{s}"] = row.bad == 0
     scale = np.fmax(a.scale, b.scale)
+    unit = np.fmax(_unit(a, bits, floor_abs), _unit(b, bits, floor_abs))
     # token_a: A's own, B's other; token_b: A's other, B's own. Movement = B - A.
     for s, (lg_a, lp_a, lg_b, lp_b) in (
         ("a", (a.lg_mine, a.lp_mine, b.lg_other, b.lp_other)),
         ("b", (a.lg_other, a.lp_other, b.lg_mine, b.lp_mine)),
     ):
-        mv_ulp = steps(lg_b, lg_a, bits, scale)
+        mv_ulp = steps(lg_b, lg_a, bits, scale, floor_abs)
         mv = lp_b - lp_a
+        # With logits on both sides the logprob may move as its logit does plus the shift of
+        # the normaliser, which a bounded move of every logit bounds by the same amount.
+        lse_shift = mv - (lg_b - lg_a)
+        ok_lp = np.where(np.isfinite(mv_ulp), ~(np.abs(lse_shift) > tol["drift_ulps"] * unit), True)
         ev[f"move_{s}"], ev[f"move_{s}_ulp"] = mv, mv_ulp
-        ev[f"move_ok_{s}"] = _within(mv_ulp, mv, tol["drift_ulps"], tol["drift_nats"])
+        ev[f"lse_{s}"], ev[f"lse_tol_{s}"] = lse_shift, tol["drift_ulps"] * unit
+        ev[f"move_ok_{s}"] = _within(mv_ulp, mv, tol["drift_ulps"], tol["drift_nats"]) & ok_lp
     ev["b_in_topk_a"], ev["a_in_topk_b"] = a.has_other, b.has_other
     return ev

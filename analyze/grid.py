@@ -103,12 +103,15 @@ def resolve_dtype(run: Mapping, override: str | None = None) -> tuple[Grid, str 
     found = [(s, d) for s, d in found if d]
     if not found:
         return Grid(ASSUMED, "assumed: the run metadata names no dtype; pass --dtype to set it", False), None
-    src, d = found[0]
+    named = sorted({d for _, d in found}, key=lambda d: DTYPES[d].mantissa_bits)
+    d = named[-1]  # names that disagree: the finest grid (the strictest judge) until one is proven
+    src = next(s for s, dd in found if dd == d)
     if src.startswith("capture label") and isinstance(run.get("dtype_source"), str):
         src = f"run metadata dtype ({run['dtype_source']})"
-    others = sorted({dd for _, dd in found if dd != d})
-    note = f"{src} says {d} but {', '.join(others)} is also named; judged on {d}" if others else None
-    return Grid(d, src, True), note
+    if len(named) == 1:
+        return Grid(d, src, True), None
+    said = "; ".join(f"{s} says {dd}" for s, dd in found)
+    return Grid(d, src, True), f"the run metadata names several dtypes ({said}): judged on the finest, {d}"
 
 
 def spacing(x: np.ndarray, bits: int | np.ndarray) -> np.ndarray:

@@ -136,6 +136,8 @@ def _findings(r: DiffResult) -> list[str]:
             f"findings: {f['nonfinite_pairs']} pair(s) with a NaN/inf logprob on one side only "
             f"({f['nonfinite_positions']} position(s))"
         )
+    if f["inconsistent_pairs"]:
+        out.append(f"findings: {f['inconsistent_pairs']} pair(s) whose logprob column contradicts its top-k rows")
     if f["truncated_pairs"]:
         out.append(f"findings: {f['truncated_pairs']} pair(s) with a truncated stream")
     return out

@@ -65,11 +65,13 @@ class PairResult:
     agree_b: float | None
     boundary_a: int | None  # cached_tokens (reused-prefix boundary)
     boundary_b: int | None
-    drift_max: float | None  # max |Δ chosen logprob| before the divergence (nats)
+    drift_max: float | None  # max |Δ chosen logprob| before the divergence (drift_unit)
     drift_mean: float | None
     drift_n: int  # positions the drift is measured over
+    drift_unit: str  # "nats" (logprobs), or "ulp": raw logits of a trace that stores no logprobs
     nonfinite: int  # positions before the divergence with NaN/inf on one side only
     nonfinite_pos: int | None
+    inconsistent: int  # positions where a logprob column contradicts the token's own top-k entry
     bitwise: bool  # chosen logprobs bitwise equal before the divergence
     topk_overlap: float | None  # share of A's top-k ids in B's top-k at the divergence
     vllm_close: bool | None  # check_logprobs_close's verdict
@@ -147,6 +149,8 @@ class DiffResult:
             boundary_a=_i(c["boundary_a"][i]),
             boundary_b=_i(c["boundary_b"][i]),
             drift_n=int(c["drift_n"][i]),
+            drift_unit="ulp" if c["drift_on_logits"][i] else "nats",
+            inconsistent=int(c["inconsistent"][i]),
             nonfinite=int(c["nonfinite"][i]),
             nonfinite_pos=_i(c["nonfinite_pos"][i]),
             bitwise=bool(c["bitwise"][i]),
@@ -180,13 +184,16 @@ class DiffResult:
         return {"pairs": len(self), **{name: int(np.sum(cls == name)) for name in CLASSES}}
 
     def findings(self) -> dict[str, int]:
-        """Counted whatever the class: one-sided NaN/inf logprobs, truncated streams."""
+        """Counted whatever the class: one-sided NaN/inf logprobs, logprob columns that
+        contradict their top-k rows, truncated streams."""
         c = self.columns
         nf = c["nonfinite"]
         cut = (c["trunc_a"] != "") | (c["trunc_b"] != "")
+        inc = c["inconsistent"]
         return {
             "nonfinite_pairs": int((nf > 0).sum()),
             "nonfinite_positions": int(nf.sum()),
+            "inconsistent_pairs": int((inc > 0).sum()),
             "truncated_pairs": int(cut.sum()),
         }
 

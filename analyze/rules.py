@@ -12,6 +12,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .evidence import CAND_LOGIT, COLUMN, DUP_ID, POS_INF, POSITIVE_LP, SUM_OVER_ONE, UNKNOWN_ABOVE
+
 C = Mapping[str, np.ndarray]
 
 
@@ -40,8 +42,12 @@ def _tol(c: C, i: int, kind: str, name: str) -> str:
     return f"{c[f'tol_{kind}_{u}'][i]:g} {u[:-1] if u == 'ulps' else u}"
 
 
+def _drift_unit(c: C, i: int) -> str:
+    return "ulp" if c["drift_on_logits"][i] else "nats"
+
+
 def _mean_bound(c: C, i: int, n: int) -> float:
-    x, m = c["tol_drift_nats"][i], c["tol_drift_mean_nats"][i]
+    x, m = c["drift_tol"][i], c["drift_mean_tol"][i]
     return m + (x - m) / max(n, 1)
 
 
@@ -50,9 +56,10 @@ def drift_text(c: C, i: int, prefix: str = "") -> str:
     mx, mean, n = c[f"{prefix}drift_max"][i], c[f"{prefix}drift_mean"][i], int(c[f"{prefix}drift_n"][i])
     if not np.isfinite(mx):
         return "no logprob to compare before it" if not n else "drift ?"
+    on = " (raw logits)" if c["drift_on_logits"][i] else ""
     return (
-        f"drift max {_n(mx)} / mean {_n(mean)} nats over {n} positions <= "
-        f"{c['tol_drift_nats'][i]:g} / {_n(_mean_bound(c, i, n))}"
+        f"drift{on} max {_n(mx)} / mean {_n(mean)} {_drift_unit(c, i)} over {n} positions <= "
+        f"{c['drift_tol'][i]:g} / {_n(_mean_bound(c, i, n))}"
     )
 
 
@@ -64,14 +71,25 @@ def drift_failures(c: C, i: int, prefix: str = "", where: str = "before the flip
         va, vb = c["nonfinite_a"][i], c["nonfinite_b"][i]
         seen = f" (A {va:.4g} vs B {vb:.4g})" if not prefix else ""
         out.append(f"a logprob is NaN/inf on one side only at {nf} position(s){at}, first at {pos}{seen}")
+    inc = int(c[f"{prefix}inconsistent"][i])
+    if inc:
+        first = f"first at {int(c[f'{prefix}inconsistent_pos'][i])}"
+        if not prefix and np.isfinite(c["inconsistent_side"][i]):
+            who = "AB"[int(c["inconsistent_side"][i])]
+            first += (
+                f": {who}'s column {_n(c['inconsistent_col'][i])}, its top-k row {_n(c['inconsistent_topk'][i])} nats"
+            )
+        out.append(f"a logprob column contradicts the same token's top-k entry at {inc} position(s){at}, {first}")
     mx, mean, n = c[f"{prefix}drift_max"][i], c[f"{prefix}drift_mean"][i], int(c[f"{prefix}drift_n"][i])
-    if np.isfinite(mx) and mx > c["tol_drift_nats"][i]:
-        out.append(f"logprobs drift {_n(mx)} nats{at} > {c['tol_drift_nats'][i]:g} ({c['dtype'][i]})")
+    u, what = _drift_unit(c, i), ("raw logits" if c["drift_on_logits"][i] else "logprobs")
+    if np.isfinite(mx) and mx > c["drift_tol"][i]:
+        raw = f" (a logit moved by {_n(c['drift_raw_max'][i])})" if c["drift_on_logits"][i] and not prefix else ""
+        out.append(f"{what} drift {_n(mx)} {u}{at}{raw} > {c['drift_tol'][i]:g} ({c['dtype'][i]})")
     elif np.isfinite(mean) and mean > _mean_bound(c, i, n):
         out.append(
-            f"mean drift {_n(mean)} nats over {n} positions{at} > {_n(_mean_bound(c, i, n))} "
-            f"({c['dtype'][i]}: {c['tol_drift_mean_nats'][i]:g} + ({c['tol_drift_nats'][i]:g} - "
-            f"{c['tol_drift_mean_nats'][i]:g}) / {n})"
+            f"mean drift {_n(mean)} {u} over {n} positions{at} > {_n(_mean_bound(c, i, n))} "
+            f"({c['dtype'][i]}: {c['drift_mean_tol'][i]:g} + ({c['drift_tol'][i]:g} - "
+            f"{c['drift_mean_tol'][i]:g}) / {n})"
         )
     return out
 
@@ -103,7 +121,7 @@ def _identical(c: C, i: int) -> str:
         tail = "drift not verified: a side stored no logprobs"
     else:
         tail = drift_text(c, i)
-    return f"same {n} token ids; {tail} ({c['dtype'][i]})"
+    return f"same {n} token ids; {tail} ({c['dtype'][i]}); both streams complete"
 
 
 def _benign_flip(c: C, i: int) -> str:
@@ -121,34 +139,77 @@ def _benign_flip(c: C, i: int) -> str:
     )
 
 
+def _row_texts(c: C, i: int, s: str) -> list[tuple[int, str]]:
+    """(flag, what is wrong) for side s's top-k row, with the numbers."""
+    g = {k: c[f"{k}_{s}"][i] for k in ("col_lp", "topk_lp", "prob_sum", "max_lp", "unk_above", "dup_id")}
+    tok, other = (c["token_a"][i], c["token_b"][i]) if s == "a" else (c["token_b"][i], c["token_a"][i])
+    pairs = ((tok, c[f"lg_mine_{s}"][i]), (other, c[f"lg_other_{s}"][i]))
+    cand = [f"token {t}: {lg:g}" for t, lg in pairs if not np.isfinite(lg)]
+    dup = "an id twice"
+    if np.isfinite(g["dup_id"]):
+        dup = f"id {int(g['dup_id'])} twice ({_n(c[f'dup_lp1_{s}'][i])}, {_n(c[f'dup_lp2_{s}'][i])})"
+    return [
+        (COLUMN, f"contradicts its own logprob column for token {tok} ({_n(g['col_lp'])} vs {_n(g['topk_lp'])} nats)"),
+        (DUP_ID, f"lists {dup}"),
+        (POS_INF, "holds +inf"),
+        (POSITIVE_LP, f"holds a logprob above 0 ({g['max_lp']:g})"),
+        (SUM_OVER_ONE, f"has probabilities summing to {_n(g['prob_sum'])} (> 1)"),
+        (UNKNOWN_ABOVE, f"has an unknown id (-1) {_n(g['unk_above'])} nats above the chosen token"),
+        (CAND_LOGIT, f"has logits but none finite for {', '.join(cand) or 'a candidate'}"),
+    ]
+
+
+def _row_failures(c: C, i: int, s: str) -> list[str]:
+    bad = int(c[f"row_bad_{s}"][i])
+    if not bad:
+        return []
+    said = [text for flag, text in _row_texts(c, i, s) if bad & flag]
+    return [f"{s.upper()}'s top-k row at {c['position'][i]} " + ", ".join(said)]
+
+
+def _stream_failures(c: C, i: int) -> list[str]:
+    out = [f"{s}'s stream {c[f'trunc_{s.lower()}'][i]}" for s in ("A", "B") if c[f"trunc_{s.lower()}"][i]]
+    for s in ("a", "b"):
+        if not c[f"boundary_valid_{s}"][i]:
+            out.append(
+                f"{s.upper()}'s cached_tokens {c[f'boundary_{s}'][i]} exceeds its prompt "
+                f"({c[f'prompt_len_{s}'][i]} tokens): no boundary"
+            )
+    return out
+
+
 def _failures(c: C, i: int) -> list[str]:
     """Every check that failed, most telling first."""
     t, out = c["position"][i], []
     if c["eos_pos"][i] >= 0:
         out += drift_failures(c, i, "sound_", "up to A's EOS")
-        out += [f"{s}'s stream {c[f'trunc_{s.lower()}'][i]}" for s in ("A", "B") if c[f"trunc_{s.lower()}"][i]]
+        if c["eos_refuted"][i]:
+            out.append(c["eos_refuted"][i])
     if t >= c["compared"][i]:  # identical ids over the shorter stream, lengths differ
         if c["eos_pos"][i] < 0:
             out.append(
                 f"length mismatch: {c['len_a'][i]} vs {c['len_b'][i]} tokens, identical up to {c['compared'][i]}, "
                 "no EOS before" + ("" if c["eos_known"][i] else " (EOS ids unknown)")
             )
-            out += [f"{s}'s stream {c[f'trunc_{s.lower()}'][i]}" for s in ("A", "B") if c[f"trunc_{s.lower()}"][i]]
-        return out
+        return out + _stream_failures(c, i)
     if t < 0:  # same tokens, same length: identical ids, but not sound
-        return [f"same {c['compared'][i]} token ids, but " + f for f in drift_failures(c, i, "", "")] or out
-    out += drift_failures(c, i)
+        fails = drift_failures(c, i, "", "") + _stream_failures(c, i)
+        return [f"same {c['compared'][i]} token ids, but " + f for f in fails] or out
+    out += drift_failures(c, i) + _stream_failures(c, i)
     ta, tb = c["token_a"][i], c["token_b"][i]
     for s, o, tok, other in (("A", "B", ta, tb), ("B", "A", tb, ta)):
         x = s.lower()
+        out += _row_failures(c, i, x)
         if not c[("b_in_topk_a" if x == "a" else "a_in_topk_b")][i]:
             out.append(f"{o}'s token {other} not in {s}'s top-k (gap >= {_n(abs(c[f'gap_{x}'][i]))} nats)")
         if not c[f"own_in_topk_{x}"][i]:
             out.append(f"{s} chose token {tok}, not in its own top-k (top-1 {c[f'top1_{x}'][i]})")
-        elif not c[f"greedy_ok_{x}"][i]:
+        elif not c[f"greedy_ok_{x}"][i] and not int(c[f"row_bad_{x}"][i]) & (POS_INF | CAND_LOGIT):
+            ulp = c[f"below_{x}_ulp"][i]
+            below = f"{_n(ulp)} ulp" if np.isfinite(ulp) and ulp > 0 else f"{_n(c[f'below_{x}'][i])} nats"
             out.append(
-                f"{s} chose token {tok}, {_dist(c, i, f'below_{x}')} below its own top-1 {c[f'top1_{x}'][i]} "
-                f"(greedy: <= {_tol(c, i, 'tie', f'below_{x}')})"
+                f"{s} chose token {tok}, {below} below its own top-1 {c[f'top1_{x}'][i]} "
+                "(greedy: its own top-1, ties allowed)"
             )
         if not c[f"agree_ok_{x}"][i]:
             lg = c[f"gap_{x}"][i] + c[f"agree_{x}"][i]
@@ -156,8 +217,17 @@ def _failures(c: C, i: int) -> list[str]:
                 f"{s}'s logits and logprobs disagree: logit gap {_n(lg)}, logprob gap {_n(c[f'gap_{x}'][i])} nats "
                 f"(differ by {_n(abs(c[f'agree_{x}'][i]))} > {_n(c[f'agree_tol_{x}'][i])})"
             )
-    for x, tok in (("a", c["token_a"][i]), ("b", c["token_b"][i])):
-        if (c["b_in_topk_a"][i] and c["a_in_topk_b"][i]) and not c[f"move_ok_{x}"][i]:
+    for x, tok in (("a", ta), ("b", tb)):
+        if not ((c["b_in_topk_a"][i] and c["a_in_topk_b"][i]) and not c[f"move_ok_{x}"][i]):
+            continue
+        ulp, lse = c[f"move_{x}_ulp"][i], c[f"lse_{x}"][i]
+        if np.isfinite(ulp) and abs(ulp) <= c["tol_drift_ulps"][i]:  # the logit stayed, the logprob did not
+            out.append(
+                f"token {tok}'s logprob moved {_signed(c[f'move_{x}'][i])} nats from A to B while its logit "
+                f"moved {_signed(ulp)} ulp (the normaliser shifted {_n(abs(lse))} nats > "
+                f"{_n(c[f'lse_tol_{x}'][i])} = {c['tol_drift_ulps'][i]:g} ulp here, {c['dtype'][i]})"
+            )
+        else:
             out.append(
                 f"token {tok} moved {_dist(c, i, f'move_{x}', True)} from A to B "
                 f"(> {_tol(c, i, 'drift', f'move_{x}')}, {c['dtype'][i]})"
@@ -172,6 +242,10 @@ def _failures(c: C, i: int) -> list[str]:
                 out.append(f"{gaps} beyond the drift tolerance {tol} ({dt}; boundaries {ba} vs {bb})")
         else:
             why = "unknown" if "?" in (ba, bb) else "equal"
+            if not (c["boundary_valid_a"][i] and c["boundary_valid_b"][i]):
+                why = "not valid"
             tol = _tol(c, i, "tie", "gap_a")
             out.append(f"{gaps} beyond the tie tolerance {tol} ({dt}), boundaries {why} ({ba} vs {bb})")
+    if c["note"][i]:
+        out.append(f"note: {c['note'][i]}")
     return out

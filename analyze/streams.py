@@ -1,15 +1,19 @@
 """What each request asked for and how its stream ended, read from the trace.
 
-A benign verdict compares two greedy streams that each ran to their end. This
-module reads, per request row, the request body capture recorded (`params`,
-JSON; each engine dialect names its fields differently) and the run's
-`sampling` defaults, and answers three questions:
+A benign verdict compares two greedy streams, asked the same way, that each
+ran to their end. This module reads, per request row, the request body capture
+recorded (`params`, JSON; each engine dialect names its fields differently) and
+the run's `sampling` defaults, and answers:
 
-- was it sampled? (temperature > 0, or TGI's do_sample): such a pair is not
-  comparable token by token;
-- how many tokens were asked, and was EOS ignored?
-- was the stream truncated? (no finish reason; fewer tokens than asked while
-  EOS was ignored; finish_reason "length" before max_tokens; an abort).
+- was it sampled? temperature > 0 (a number or a numeric string), TGI's
+  do_sample, or a recorded body that sets no temperature at all (OpenAI-style
+  servers then sample: OpenAI and vLLM default to 1.0, llama.cpp to 0.8).
+  top_k = 1 is greedy whatever the temperature. Such pairs are not comparable;
+- did A and B ask for the same generation (penalties, logit bias, stop
+  strings, top-p ...)? A flip caused by a different request is no numeric flip;
+- how many tokens were asked, was EOS ignored, and was the stream truncated
+  (no finish reason; fewer tokens than asked while EOS was ignored; "length"
+  before max_tokens; an abort)?
 
 Parsing runs once per distinct params string (a run usually has a handful).
 """
@@ -25,21 +29,56 @@ import numpy as np
 
 STOP_LIKE = {"stop", "eos", "eos_token", "stop_sequence"}
 LENGTH_LIKE = {"length", "max_tokens", "max_new_tokens"}
+SCOPES = ("sampling_params", "parameters")  # SGLang and TGI nest their sampling fields
+
+# Request fields that change which token a greedy engine picks, with their neutral
+# value: A and B must agree on each (absent = neutral).
+GENERATION = {
+    "logit_bias": None,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "length_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "stop": None,
+    "stop_token_ids": None,
+    "stop_sequences": None,
+    "bad_words": None,
+    "allowed_token_ids": None,
+    "min_tokens": 0,
+    "response_format": None,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "grammar": None,
+    "json_schema": None,
+    "regex": None,
+    "logits_processors": None,
+    "use_beam_search": False,
+    "best_of": None,
+    "n": 1,
+}
 
 
 @dataclass(frozen=True)
 class Asked:
-    """Per request row: temperature (NaN unknown), max_tokens (-1 unknown),
-    ignore_eos (-1 unknown, 0, 1), whether stop strings / ids were sent."""
+    """Per request row: whether it was sampled ('' = greedy, else why), max_tokens
+    (-1 unknown), ignore_eos (-1 unknown, 0, 1), whether stop strings / ids were
+    sent, and the generation fields that differ from neutral (sorted (name, JSON))."""
 
-    temperature: float = math.nan
+    sampled: str = ""
     max_tokens: int = -1
     ignore_eos: int = -1
     has_stop: bool = False
+    generation: tuple[tuple[str, str], ...] = ()
 
 
 def _first(d: Mapping, *names: str) -> Any:
-    for scope in (d, d.get("sampling_params"), d.get("parameters")):
+    for scope in (d, *(d.get(s) for s in SCOPES)):
         if isinstance(scope, Mapping):
             for n in names:
                 if scope.get(n) is not None:
@@ -48,45 +87,81 @@ def _first(d: Mapping, *names: str) -> Any:
 
 
 def _num(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+    """A number, or a numeric string ("0.7": many servers accept it); NaN otherwise."""
+    if isinstance(x, bool):
+        return math.nan
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str):
+        try:
+            return float(x.strip())
+        except ValueError:
+            return math.nan
+    return math.nan
+
+
+def _sampled(d: Mapping, run_s: Mapping, body: bool) -> str:
+    top_k = _num(_first(d, "top_k"))
+    if top_k == 1:
+        return ""  # greedy whatever the temperature
+    if _first(d, "do_sample") is True:
+        return "do_sample true"
+    raw = _first(d, "temperature")
+    temp = _num(raw)
+    if raw is not None and math.isnan(temp):
+        return f"temperature {raw!r} (not a number)"
+    if math.isnan(temp) and not body:
+        temp = _num(run_s.get("temperature"))  # no body recorded: the run's setting
+    if temp > 0:
+        return f"temperature {temp:g}"
+    if math.isnan(temp) and body and _first(d, "do_sample") is not False:
+        return "no temperature (OpenAI-compatible servers then sample)"
+    return ""
+
+
+def _generation(d: Mapping) -> tuple[tuple[str, str], ...]:
+    out = []
+    for name, neutral in GENERATION.items():
+        v = _first(d, name)
+        if v is None or v == neutral or v in ([], {}, ""):
+            continue
+        out.append((name, json.dumps(v, sort_keys=True)))
+    return tuple(out)
 
 
 def parse_params(text: str, run: Mapping) -> Asked:
     """One request's body (as capture stored it) -> Asked; the run's `sampling`
-    block fills what the body does not say."""
+    block fills what the body does not say (and stands in when no body was recorded)."""
     try:
         d = json.loads(text) if text else {}
     except json.JSONDecodeError:
         d = {}
     d = d if isinstance(d, dict) else {}
     run_s = run.get("sampling") if isinstance(run.get("sampling"), Mapping) else {}
-    temp = _num(_first(d, "temperature"))
-    if math.isnan(temp):
-        temp = _num(run_s.get("temperature"))
-    if _first(d, "do_sample") is True:  # TGI: greedy is do_sample false
-        temp = temp if temp > 0 else 1.0
     mt = _num(_first(d, "max_tokens", "max_completion_tokens", "max_new_tokens", "n_predict"))
     if math.isnan(mt):
         mt = _num(run_s.get("max_tokens"))
     ie = _first(d, "ignore_eos")
     if ie is None:
         ie = run_s.get("ignore_eos")
-    stop = _first(d, "stop", "stop_token_ids", "stop_sequences")
     return Asked(
-        temperature=temp,
+        sampled=_sampled(d, run_s, bool(d)),
         max_tokens=int(mt) if math.isfinite(mt) and mt > 0 else -1,
         ignore_eos=-1 if not isinstance(ie, bool) else int(ie),
-        has_stop=bool(stop),
+        has_stop=bool(_first(d, "stop", "stop_token_ids", "stop_sequences")),
+        generation=_generation(d),
     )
 
 
 def asked(side, rows: np.ndarray) -> list[Asked]:
-    """Asked for each row in `rows` (-1 = missing row: Asked())."""
+    """Asked for each row in `rows` (-1 = missing row: Asked()). Teacher-forced rows
+    replay a sequence greedily: nothing was sampled."""
     cache: dict[str, Asked] = {}
     params = side.table.params
+    tf = side.meta.source == "teacher_forced"
     out = []
     for r in rows.tolist():
-        if r < 0:
+        if r < 0 or tf:
             out.append(Asked())
             continue
         text = params[r]
@@ -97,12 +172,22 @@ def asked(side, rows: np.ndarray) -> list[Asked]:
 
 
 def sampled_reason(a: Asked, b: Asked) -> str:
-    """'' when both requests were greedy (or say nothing), else why the pair is incomparable."""
-    hot = [(name, x.temperature) for name, x in (("A", a), ("B", b)) if x.temperature > 0]
+    """'' when both requests were greedy, else why the pair is incomparable."""
+    hot = [(name, x.sampled) for name, x in (("A", a), ("B", b)) if x.sampled]
     if not hot:
         return ""
-    said = " and ".join(f"{n}'s request has temperature {t:g}" for n, t in hot)
+    said = " and ".join(f"{n}'s request has {why}" for n, why in hot)
     return f"sampled: {said}; sampled streams are not comparable token by token"
+
+
+def requests_differ(a: Asked, b: Asked) -> str:
+    """'' when A and B asked for the same generation, else which fields differ."""
+    da, db = dict(a.generation), dict(b.generation)
+    names = sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k))
+    if not names:
+        return ""
+    parts = [f"{n} {da.get(n, '-')} vs {db.get(n, '-')}" for n in names]
+    return f"requests differ: {'; '.join(parts)} (A vs B): a flip can be the request, not numerics"
 
 
 def truncation(side, row: int, n: int, ask: Asked) -> str:

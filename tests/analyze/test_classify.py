@@ -64,8 +64,8 @@ def test_flip_right_after_eos_is_post_eos(tmp_path):
 def test_flip_at_the_eos_position_is_not_post_eos(tmp_path):
     """A flip AT the EOS (B did not stop) is judged by the tie rule, not excused."""
     a = [5, 6, EOS]
-    ra = Req("k", a, rows={2: flip(EOS, 9, -0.5, -0.55)})
-    rb = Req("k", with_flip(a, 2, 9), rows={2: flip(9, EOS, -0.5, -0.55)})
+    ra = Req("k", a, rows={2: flip(EOS, 9, -0.7, -0.75)})
+    rb = Req("k", with_flip(a, 2, 9), rows={2: flip(9, EOS, -0.7, -0.75)})
     assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
     ra = Req("k", a, rows={2: flip(EOS, 9, -0.1, -3.0)})
     rb = Req("k", with_flip(a, 2, 9), rows={2: flip(9, EOS, -0.1, -3.0)})
@@ -118,8 +118,8 @@ def test_tie_nats_boundary_is_inclusive(tmp_path, lp_other, expect):
 
 
 def test_tie_nats_option_moves_the_boundary(tmp_path):
-    ra = Req("k", BASE, rows={2: flip(7, 99, -0.5, -0.8)})
-    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.8)})
+    ra = Req("k", BASE, rows={2: flip(7, 99, -0.7, -1.0)})
+    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.7, -1.0)})
     assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
     p = one(tmp_path, ra, rb, tie_nats=0.2)
     assert p.cls == "unexplained" and "beyond the tie tolerance 0.2 nats" in p.rule
@@ -150,8 +150,8 @@ def test_each_side_is_judged_with_what_it_has(tmp_path):
 
 def test_tie_with_large_drift_before_is_unexplained(tmp_path):
     """A near-tie flip after the chosen logprobs already moved by > --drift-nats is not benign."""
-    ra = Req("k", BASE, lp={1: -1.0}, rows={2: flip(7, 99, -0.5, -0.55)})
-    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.5, -0.55)})
+    ra = Req("k", BASE, lp={1: -1.0}, rows={2: flip(7, 99, -0.7, -0.75)})
+    rb = Req("k", with_flip(BASE, 2, 99), rows={2: flip(99, 7, -0.7, -0.75)})
     p = one(tmp_path, ra, rb)
     assert p.cls == "unexplained" and p.drift_max == pytest.approx(0.99)
     assert "logprobs drift 0.99 nats before the flip > 0.5 (bf16)" in p.rule
@@ -174,8 +174,9 @@ def test_tie_with_large_drift_before_is_unexplained(tmp_path):
 def test_cache_boundary_rule(tmp_path, steps, cached_b, expect):
     """Raw logits in [8, 16) (BF16 spacing 1/16): gaps of `steps` steps in both traces."""
     lo = 10.0 - steps / 16
-    ra = Req("k", BASE, cached=16, rows={2: logit_row([(7, 10.0), (99, lo)])})
-    rb = Req("k", with_flip(BASE, 2, 99), cached=cached_b, rows={2: logit_row([(99, 10.0), (7, lo)])})
+    prompt = tuple(range(11, 31))  # 20 tokens: a boundary must lie inside the prompt
+    ra = Req("k", BASE, cached=16, prompt=prompt, rows={2: logit_row([(7, 10.0), (99, lo)])})
+    rb = Req("k", with_flip(BASE, 2, 99), cached=cached_b, prompt=prompt, rows={2: logit_row([(99, 10.0), (7, lo)])})
     p = one(tmp_path, ra, rb, raw=True)
     assert p.cls == expect and (p.boundary_a, p.boundary_b) == (16, None if cached_b < 0 else cached_b)
     assert (p.gap_a_ulp, p.gap_b_ulp) == (steps, steps)
@@ -184,15 +185,16 @@ def test_cache_boundary_rule(tmp_path, steps, cached_b, expect):
 def test_cache_boundary_with_logprobs_only(tmp_path):
     """Without logits the boundary class needs a nats gap between --tie-nats and --drift-nats
     (the BF16 defaults are equal: such a flip is called a tie, with the same evidence)."""
-    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.5, -0.8)})
-    rb = Req("k", with_flip(BASE, 2, 99), cached=8, rows={2: flip(99, 7, -0.5, -0.8)})
+    prompt = tuple(range(11, 31))
+    ra = Req("k", BASE, cached=16, prompt=prompt, rows={2: flip(7, 99, -0.7, -1.0)})
+    rb = Req("k", with_flip(BASE, 2, 99), cached=8, prompt=prompt, rows={2: flip(99, 7, -0.7, -1.0)})
     assert one(tmp_path, ra, rb, tie_nats=0.125).cls == "cache_boundary"
     assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
 
 
 def test_tie_wins_over_cache_boundary(tmp_path):
-    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.5, -0.55)})
-    rb = Req("k", with_flip(BASE, 2, 99), cached=0, rows={2: flip(99, 7, -0.5, -0.55)})
+    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.7, -0.75)})
+    rb = Req("k", with_flip(BASE, 2, 99), cached=0, rows={2: flip(99, 7, -0.7, -0.75)})
     assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
 
 
@@ -214,11 +216,11 @@ def test_different_lengths_without_eos_is_unexplained(tmp_path):
 
 def test_different_topk_widths(tmp_path):
     """A logs top-3, B top-8: overlap is over the narrower width; B's token at A's rank 2 still counts."""
-    ra = Req("k", BASE, rows={2: [(7, -0.5), (99, -0.55), (50, -3.0)]})
+    ra = Req("k", BASE, rows={2: [(7, -0.7), (99, -0.8), (50, -3.0)]})
     rb = Req(
         "k",
         with_flip(BASE, 2, 99),
-        rows={2: [(99, -0.5), (7, -0.55), (51, -3.0)] + [(60 + i, -4.0 - i) for i in range(5)]},
+        rows={2: [(99, -0.7), (7, -0.8), (51, -3.0)] + [(60 + i, -5.0 - i) for i in range(5)]},
     )
     p = one(tmp_path, ra, rb, k=3, kb=8)
     assert p.cls == "bf16_tie_flip" and p.topk_overlap == pytest.approx(2 / 3)

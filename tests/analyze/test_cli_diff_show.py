@@ -40,7 +40,7 @@ def tokenizer_dir(tmp_path_factory):
 def files(tmp_path_factory, tokenizer_dir):
     d = tmp_path_factory.mktemp("cli")
     run = {"tokenizer": tokenizer_dir}
-    tie_a, tie_b = {2: flip(7, 99, -0.5, -0.55)}, {2: flip(99, 7, -0.5, -0.55)}
+    tie_a, tie_b = {2: flip(7, 99, -0.7, -0.75)}, {2: flip(99, 7, -0.7, -0.75)}
     a = [Req("same", BASE), Req("tie", BASE, rows=tie_a), Req("eos", [5, EOS, 7]), Req("bug", BASE)]
     b = [
         Req("same", BASE),
@@ -156,7 +156,7 @@ def test_show_side_by_side(files):
     d = json.loads(tk("show", a, b, "--key", "tie", "--context", "1", "--json").stdout)
     assert [r["position"] for r in d["rows"]] == [1, 2, 3] and d["position"] == 2
     assert [c["id"] for c in d["a"]["topk_at_position"][:2]] == [7, 99]
-    assert d["b"]["topk_at_position"][1]["logprob"] == pytest.approx(-0.55)
+    assert d["b"]["topk_at_position"][1]["logprob"] == pytest.approx(-0.75)
     p = tk("show", a, "--key", "nope")
     assert p.returncode == 3 and "no request with key 'nope'" in p.stderr
     p = tk("show", a, b, "--key", "tie", "--tokenizer", "/nonexistent")

@@ -68,7 +68,7 @@ def test_non_finite_values_have_no_distance():
 @pytest.mark.parametrize(
     "run,dtype,source",
     [
-        ({"engine": {"v1_models": {"meta": {"logits_dtype": "bf16", "dtype": "fp32"}}}}, "bf16", "logits_dtype"),
+        ({"engine": {"v1_models": {"meta": {"logits_dtype": "bf16", "dtype": "bf16"}}}}, "bf16", "logits_dtype"),
         ({"engine": {"v1_models": {"meta": {"dtype": "bf16"}}}}, "bf16", "engine self-report (dtype)"),
         ({"engine": {"info": {"model_dtype": "torch.float16"}}}, "fp16", "TGI model_dtype"),
         ({"dtype": "fp32", "dtype_source": "--dtype"}, "fp32", "run metadata dtype (--dtype)"),
@@ -82,9 +82,11 @@ def test_dtype_from_run_metadata(run, dtype, source):
     assert g.dtype == dtype and source in g.source and g.known == (source != "assumed")
 
 
-def test_dtype_conflict_is_noted_and_override_wins():
+def test_dtype_conflict_is_judged_on_the_finest_and_override_wins():
+    """Names that disagree: the finest grid judges (a false FP32 label can only cost a
+    false alarm; a false BF16 one could hide a bug), with a note naming both."""
     g, note = resolve_dtype({"engine": {"v1_models": {"meta": {"dtype": "bf16"}}}, "dtype": "fp32"})
-    assert g.dtype == "bf16" and "fp32 is also named" in note
+    assert g.dtype == "fp32" and "names several dtypes" in note and "says bf16" in note
     g, note = resolve_dtype({"dtype": "bf16"}, override="fp32")
     assert (g.dtype, g.source, note) == ("fp32", "--dtype", None)
     with pytest.raises(ConfigError, match="expected one of"):

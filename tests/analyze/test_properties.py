@@ -5,7 +5,8 @@ stated tolerances (a near-tie whose candidates moved by at most the tolerance,
 a difference after a sound EOS prefix, a numeric-size gap at a changed prefix
 boundary, identical tokens with bounded drift) and bugs that each differ from a
 benign case by one flaw (a non-greedy choice, movement beyond tolerance, a token
-outside the top-k, logits and logprobs that disagree, systematic drift, a large
+outside the top-k, the lower of two near-tied candidates, logits and logprobs that
+disagree, systematic drift, a large
 drift spike, truncation, a NaN that would hide drift, a gap beyond the tie at an
 unchanged boundary). Properties: no generated bug is ever benign; every generated
 benign case is benign (and in its class).
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 
 from analyze import Thresholds, diff
 
-BUGS = ("nongreedy", "moved", "outside", "mismatch", "systematic", "spike", "truncated", "nan", "gap")
+BUGS = ("nongreedy", "lower", "moved", "outside", "mismatch", "systematic", "spike", "truncated", "nan", "gap")
 BENIGN = ("tie", "post_eos", "boundary", "identical")
 SETTINGS = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 X, Y, Z = 7, 99, 55  # A's token, B's token, a third token
@@ -152,6 +153,12 @@ def case(draw, key: str, dtype: str, kind: str):
             rb = {Z: grid_down(rb[Y], -draw(st.integers(int(tol.tie_ulps) + 1, 200)), dtype), **rb}
         else:  # judged in nats: above by more than --tie-nats
             rb = {Z: rb[Y] + draw(st.floats(1.01, 40.0)) * tol.tie_nats + 1e-6, **rb}
+    elif kind == "lower":  # B chose the lower of the two, within what a tie tolerance would allow
+        if with_logits:
+            rb = {**rb, X: grid_down(rb[Y], -draw(st.integers(1, int(tol.tie_ulps))), dtype)}
+        else:
+            # above the float32 resolution of a logprob (and the greedy check's 1e-6 slack)
+            rb = {**rb, X: rb[Y] + draw(st.floats(1e-5, tol.tie_nats))}
     elif kind == "moved":  # both candidates moved together beyond the drift tolerance
         m = draw(st.integers(int(tol.drift_ulps) + 1, 400)) if with_logits else None
         if with_logits:
@@ -191,8 +198,9 @@ def case(draw, key: str, dtype: str, kind: str):
             a_lp = {0: -0.01}
         b_lp = dict(b_lp)
         b_lp[draw(st.integers(0, n_pre - 1))] = draw(st.sampled_from((math.nan, -math.inf, math.inf)))
-    a = Req(key, pre + [X] + tail_a, lp=a_lp, rows={t: a_row}, cached=ca)
-    b = Req(key, pre + [b_tok] + tail_b, lp=b_lp, rows={t: b_row}, cached=cb)
+    prompt = tuple(range(11, 35))  # 24 tokens: the boundaries 0..16 lie inside it
+    a = Req(key, pre + [X] + tail_a, lp=a_lp, rows={t: a_row}, cached=ca, prompt=prompt)
+    b = Req(key, pre + [b_tok] + tail_b, lp=b_lp, rows={t: b_row}, cached=cb, prompt=prompt)
     return Case(kind, a, b)
 
 

@@ -84,7 +84,7 @@ def cases():
         Req("k", flipped(2, 99), rows={2: logit_row([(55, 20.0), (99, 8.5), (7, 8.5)])}),
         {"raw": True},
         "unexplained",
-        ["B chose token 99, 152 ulp below its own top-1 55 (greedy: <= 4 ulp)"],
+        ["B chose token 99, 152 ulp below its own top-1 55 (greedy: its own top-1, ties allowed)"],
     )
     # 2. Logits tie (0 and 2 steps) while the logprobs of the same tokens are 3 nats apart.
     out["logits_vs_logprobs"] = (
@@ -151,12 +151,12 @@ def cases():
     toks = [5 + (i % 6) for i in range(n)]
     tie_t = n - 1
     out["systematic_drift"] = (
-        Req("k", toks, rows={tie_t: flip(toks[tie_t], 99, -0.5, -0.55)}),
+        Req("k", toks, rows={tie_t: flip(toks[tie_t], 99, -0.7, -0.75)}),
         Req(
             "k",
             flipped(tie_t, 99, toks),
             lp={i: -0.50 for i in range(tie_t)},
-            rows={tie_t: flip(99, toks[tie_t], -0.5, -0.55)},
+            rows={tie_t: flip(99, toks[tie_t], -0.7, -0.75)},
         ),
         {},
         "unexplained",
@@ -246,13 +246,18 @@ def test_drift_fails_assert_equivalent(tmp_path):
         assert_equivalent(a, b, allow=())
 
 
-def test_fp32_flip_is_benign_only_on_the_bf16_grid(tmp_path):
-    """The FP32 case's numbers, labelled BF16, are a 2.4-step tie: the grid is what decides."""
+def test_logits_refute_a_wrong_dtype_label(tmp_path):
+    """The FP32 case's numbers, labelled BF16: 18.3 is no BF16 number, so the label is
+    refuted and the pair judged on FP32 (said). Only the user's explicit --dtype bf16
+    makes it the 2.4-step BF16 tie those numbers would be on that grid."""
     ra, rb, _, _, _ = CASES["fp32_grid"]
     a, b = pair(tmp_path, ra, rb, raw=True, run={"dtype": "bf16"})
-    p = diff(a, b).by_key("k")
+    r = diff(a, b)
+    p = r.by_key("k")
+    assert p.cls == "unexplained" and (p.dtype_a, p.dtype_b) == ("fp32", "fp32")
+    assert any("raw logits are not on that grid: judged on fp32" in n for n in r.notes)
+    p = diff(a, b, dtype="bf16").by_key("k")
     assert p.cls == "bf16_tie_flip" and p.gap_a_ulp == pytest.approx(2.4, abs=1e-3)
-    assert diff(a, b, dtype="fp32").by_key("k").cls == "unexplained"
 
 
 def test_unknown_dtype_says_which_grid_it_assumed(tmp_path):
@@ -366,4 +371,4 @@ def test_logits_only_traces_measure_drift_on_logits(tmp_path):
     r = diff(*files(10.0))
     assert r.by_key("k").cls == "identical" and any("raw logits" in n for n in r.notes)
     p = diff(*files(16.0)).by_key("k")
-    assert p.cls == "unexplained" and "logprobs drift 6 nats > 0.5" in p.rule
+    assert p.cls == "unexplained" and "raw logits drift 96 ulp (a logit moved by 6) > 4 (bf16)" in p.rule

@@ -1,0 +1,179 @@
+"""Per-position reductions over the concatenated rows of every pair [T] -> [P].
+
+First differences, EOS positions and drift, each a few whole-array numpy
+operations and `reduceat`s; nothing here loops over pairs.
+
+Drift is measured on the chosen tokens' logprobs: the logprob column, where it
+is NaN the same token's entry in its own top-k row (a capture that left the
+column empty still shows it there). A position where the column and the top-k
+row disagree is a finding. For a pair where a side holds no logprob at all but
+both traces hold raw logits (vLLM `--logprobs-mode raw_logits`), drift is
+measured on the chosen tokens' raw logits instead, in steps of the pair's grid
+(also when only some positions lack a logprob: one unit per pair).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .align import Alignment
+from .grid import steps
+
+COLUMN_VS_TOPK_NATS = 1e-4  # the column and the top-k row come from one response: equal but for rounding
+
+
+def first_divergence(al: Alignment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t [P] first differing position (= L when none), ta [T], tb [T] aligned ids)."""
+    ta, tb = al.a.token_id[al.idx_a], al.b.token_id[al.idx_b]
+    t = al.length.copy()
+    mism = np.flatnonzero(ta != tb)
+    segs, first = np.unique(al.seg[mism], return_index=True)
+    t[segs] = al.pos[mism[first]]
+    return t, ta, tb
+
+
+def eos_before(al: Alignment, ta: np.ndarray, t: np.ndarray, eos_ids: np.ndarray) -> np.ndarray:
+    """[P] first position < t where A emitted an EOS id, -1 when none."""
+    hit = np.flatnonzero(np.isin(ta, eos_ids) & (al.pos < t[al.seg]))
+    out = np.full(len(t), -1, dtype=np.int64)
+    segs, first = np.unique(al.seg[hit], return_index=True)
+    out[segs] = al.pos[hit[first]]
+    return out
+
+
+def _first_per_pair(al: Alignment, mask: np.ndarray, P: int) -> tuple[np.ndarray, np.ndarray]:
+    """(per pair the first position where mask holds (-1), its index in [T] (-1))."""
+    hit = np.flatnonzero(mask)
+    pos, idx = np.full(P, -1, np.int64), np.full(P, -1, np.int64)
+    segs, first = np.unique(al.seg[hit], return_index=True)
+    pos[segs], idx[segs] = al.pos[hit[first]], hit[first]
+    return pos, idx
+
+
+@dataclass(frozen=True)
+class Values:
+    """The chosen tokens' values at every compared position [T], per side, and per
+    pair [P] whether they are raw logits (counted in steps) instead of logprobs."""
+
+    a: np.ndarray
+    b: np.ndarray
+    lp_a: np.ndarray  # [T] the chosen logprobs (column, else top-k row): findings are read here
+    lp_b: np.ndarray
+    on_logits: np.ndarray  # [P] bool
+    inconsistent: np.ndarray  # [T] bool: the logprob column contradicts the top-k row
+    said: np.ndarray  # [T, 3] at such positions: side (0 A, 1 B), the column's value, the row's
+
+
+def chosen_values(al: Alignment) -> Values:
+    P = len(al.keys)
+    col_a, col_b = al.a.logprob[al.idx_a], al.b.logprob[al.idx_b]
+    top_a, top_b = al.a.topk_lp[al.idx_a], al.b.topk_lp[al.idx_b]
+    bad = np.zeros(len(col_a), bool)
+    said = np.full((len(col_a), 3), np.nan)
+    for side, (col, top) in enumerate(((col_b, top_b), (col_a, top_a))):  # A's written last: A first
+        both = np.isfinite(col) & np.isfinite(top)
+        off = both & (np.abs(col.astype(np.float64) - top) > COLUMN_VS_TOPK_NATS * np.maximum(1, np.abs(top)))
+        said[off] = np.stack([np.full(len(col), 1 - side), col, top], 1)[off]
+        bad |= off
+    va = np.where(np.isnan(col_a), top_a, col_a)
+    vb = np.where(np.isnan(col_b), top_b, col_b)
+    lp_a, lp_b = va, vb
+    on_logits = np.zeros(P, bool)
+    nz = np.flatnonzero(al.length > 0)
+    if len(nz) and al.a.has_logits and al.b.has_logits:
+        # A pair with a position where neither side recorded a logprob (neither in the
+        # column nor in its top-k row) is measured on raw logits throughout, when both
+        # traces hold them: one unit per pair, and no unrecorded position escapes.
+        missing = np.add.reduceat(np.isnan(va) & np.isnan(vb), al.start[nz]) > 0
+        on_logits[nz] = missing
+        if on_logits.any():
+            rows = on_logits[al.seg]
+            la, lb = al.a.chosen_logits(), al.b.chosen_logits()
+            va = np.where(rows, la[al.idx_a], va)
+            vb = np.where(rows, lb[al.idx_b], vb)
+    return Values(va, vb, lp_a, lp_b, on_logits, bad, said)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Over positions < end, per pair [P]: max and mean |Δ value| over the positions
+    where both are finite (NaN when none; nats, or steps for pairs on logits), their
+    count; positions where one side is NaN/inf and the other is not, or where a
+    side's logprob column contradicts its top-k row (findings, never skipped), with
+    the first of each (-1) and both values there; whether every value is bitwise equal."""
+
+    max: np.ndarray
+    mean: np.ndarray
+    n: np.ndarray
+    nonfinite: np.ndarray
+    nonfinite_pos: np.ndarray
+    nonfinite_a: np.ndarray
+    nonfinite_b: np.ndarray
+    inconsistent: np.ndarray
+    inconsistent_pos: np.ndarray
+    inconsistent_said: np.ndarray  # [P, 3] side, column value, top-k value at the first
+    bitwise: np.ndarray
+    raw_max: np.ndarray  # [P] max |Δ value| in the values' own unit (logits for pairs on logits)
+
+
+def drift(al: Alignment, end: np.ndarray, v: Values, bits: np.ndarray) -> Drift:
+    """bits: [P] significand bits of each pair's grid (for pairs measured on logits)."""
+    P = len(end)
+    la, lb = v.a, v.b
+    dmax, mean = np.full(P, np.nan), np.full(P, np.nan)
+    n, nf, inc = (np.zeros(P, np.int64) for _ in range(3))
+    nfa, nfb = np.full(P, np.nan), np.full(P, np.nan)
+    bitwise = np.ones(P, bool)
+    nz = np.flatnonzero(al.length > 0)
+    if not len(nz):
+        none = np.full(P, -1)
+        return Drift(dmax, mean, n, nf, none, nfa, nfb, inc, none, np.full((P, 3), np.nan), bitwise, np.full(P, np.nan))
+    starts = al.start[nz]
+    pre = al.pos < end[al.seg]
+    fa, fb = np.isfinite(la), np.isfinite(lb)
+    both = fa & fb & pre
+    # One-sided NaN/inf is a finding, read on the logprobs (and on the logits for pairs
+    # measured on them). A side that recorded no logprob at all for a request: not a finding.
+    odd = np.zeros(len(la), bool)
+    for xa, xb, only in ((v.lp_a, v.lp_b, None), (la, lb, v.on_logits[al.seg])):
+        silent = np.zeros(P, bool)
+        silent[nz] = (np.add.reduceat(~np.isnan(xa), starts) == 0) | (np.add.reduceat(~np.isnan(xb), starts) == 0)
+        o = pre & ~(np.isfinite(xa) & np.isfinite(xb)) & ~(np.isnan(xa) & np.isnan(xb)) & ~(xa == xb)
+        o &= ~silent[al.seg]
+        odd |= o if only is None else (o & only)
+    d = np.abs(la.astype(np.float64) - lb)
+    raw_max = np.full(P, np.nan)
+    raw_max[nz] = np.maximum.reduceat(np.where(both, d, -1.0), starts)
+    raw_max[raw_max < 0] = np.nan
+    logit_rows = v.on_logits[al.seg]
+    if logit_rows.any():  # raw logits: steps of the pair's grid at each value's own scale
+        s = np.abs(steps(la, lb, bits[al.seg], np.fmax(np.abs(la), np.abs(lb))))
+        d = np.where(logit_rows, s, d)
+    d = np.where(both, d, 0.0)
+    n[nz] = np.add.reduceat(both, starts, dtype=np.int64)
+    dmax[nz] = np.maximum.reduceat(np.where(both, d, -1.0), starts)
+    mean[nz] = np.add.reduceat(d, starts) / np.maximum(n[nz], 1)
+    dmax[n == 0], mean[n == 0] = np.nan, np.nan
+    nf[nz] = np.add.reduceat(odd, starts, dtype=np.int64)
+    nf_pos, idx = _first_per_pair(al, odd, P)
+    has = idx >= 0
+    nfa[has], nfb[has] = v.lp_a[idx[has]], v.lp_b[idx[has]]
+    bad = v.inconsistent & pre
+    inc[nz] = np.add.reduceat(bad, starts, dtype=np.int64)
+    inc_pos, inc_idx = _first_per_pair(al, bad, P)
+    said = np.full((P, 3), np.nan)
+    said[inc_idx >= 0] = v.said[inc_idx[inc_idx >= 0]]
+    bits_differ = pre & (la.view(np.uint32) != lb.view(np.uint32))
+    bitwise[nz] = np.add.reduceat(bits_differ, starts, dtype=np.int64) == 0
+    return Drift(dmax, mean, n, nf, nf_pos, nfa, nfb, inc, inc_pos, said, bitwise, raw_max)
+
+
+def drift_ok(d: Drift, x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Max within x, mean within m + (x - m) / n (one spike as large as the max bound
+    never fails the mean; a shift at every position does), and no finding."""
+    mean_bound = m + (x - m) / np.maximum(d.n, 1)
+    ok_max = np.isnan(d.max) | (d.max <= x)
+    ok_mean = np.isnan(d.mean) | (d.mean <= mean_bound)
+    return ok_max & ok_mean & (d.nonfinite == 0) & (d.inconsistent == 0)
