@@ -163,9 +163,9 @@ def write_tokenizer(cfg, out: Path) -> None:
 
     special = special_ids(cfg)
     vocab = {special.get(i, f"<t{i}>"): i for i in range(cfg.vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=special.get(cfg.eos_token_id, "<eos>")))
+    eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, list) else cfg.eos_token_id  # Gemma3: [1, 106]
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=special[eos]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    eos = cfg.eos_token_id[0] if isinstance(cfg.eos_token_id, list) else cfg.eos_token_id
     kw = {"eos_token": special[eos]}
     if isinstance(getattr(cfg, "bos_token_id", None), int):
         kw["bos_token"] = special[cfg.bos_token_id]

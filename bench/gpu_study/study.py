@@ -49,7 +49,7 @@ def log(msg: str) -> None:
             f.write(line + "\n")
 
 
-def matrix_for(models_dir: Path, device: str, out: Path, smoke: bool):
+def matrix_for(models_dir: Path, device: str, out: Path, smoke: bool, sets: str = "", targets: str = ""):
     """study_h200.toml with this job's model directory, device and absolute prompt paths."""
     from capture.matrix import load_matrix
 
@@ -58,7 +58,12 @@ def matrix_for(models_dir: Path, device: str, out: Path, smoke: bool):
     if device != "cuda":
         text = text.replace('"--device", "cuda"', f'"--device", "{device}"')
     if smoke:  # the CPU check: short prompts only
-        text = text.replace('prompts = ["in128", "in2048"]', 'prompts = ["in128"]')
+        sets = "in128"
+    if sets:
+        text = text.replace('prompts = ["in128", "in2048"]', f"prompts = {json.dumps(sets.split(','))}")
+    if targets:  # keep only these [[target]] tables
+        head, *tables = text.split("[[target]]")
+        text = head + "".join("[[target]]" + t for t in tables if t.split('"')[1] in targets.split(","))
     path = out / "study_matrix.toml"
     path.write_text(text)
     return load_matrix(path)
@@ -137,6 +142,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--smoke", action="store_true", help="CPU check: shrunk configs, short prompts")
+    ap.add_argument("--prompt-sets", default="", help="matrix prompt sets (default the file's: in128,in2048)")
+    ap.add_argument("--targets", default="", help="matrix targets to run (default all)")
+    ap.add_argument("--build-models", default="qwen3-0.6b,qwen3-4b,gemma3-1b")
     ap.add_argument("--commit", default=None, help="the git commit of the code (the GPU copy has no .git)")
     a = ap.parse_args(argv)
     out, models = Path(a.out), Path(a.models_dir)
@@ -154,13 +162,16 @@ def main(argv=None) -> int:
     p2048 = PROMPTS / ("study_128.jsonl" if a.smoke else "study_2048.jsonl")
     p8192 = PROMPTS / ("study_128.jsonl" if a.smoke else "study_8192.jsonl")
     build_args = ["--out", str(models), "--device", a.device, "--json", str(out / "ties.json")]
+    build_args += ["--models", a.build_models, "--stats-only", ""]
     steps = {
         "build": lambda: _build(models_mod, build_args + (["--smoke"] if a.smoke else [])),
         "checks": lambda: engine_checks.main_checks(models, p2048, a.device, small=a.smoke),
         "repro": lambda: engine_checks.serve_repro(
             str(models / "qwen3-0.6b"), str(_subset(p2048, out / "repro_prompts.jsonl", 8)), out / "repro", a.device
         ),
-        "matrix": lambda: run_parallel(matrix_for(models, a.device, out, a.smoke), out / "run", a.device, a.commit),
+        "matrix": lambda: run_parallel(
+            matrix_for(models, a.device, out, a.smoke, a.prompt_sets, a.targets), out / "run", a.device, a.commit
+        ),
         "lanes": lambda: lanes.run_lanes(
             str(models / ("qwen3-0.6b" if a.smoke else "qwen3-4b")),
             str(p8192),
