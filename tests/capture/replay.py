@@ -8,7 +8,8 @@ request whatever the concurrency). Kinds: 500, cut (connection closed
 mid-event, chunked body unfinished), cleancut (body ends cleanly in the middle
 of an event), nodone (no end marker), badjson, badshape (valid JSON of an unknown
 shape), errorevent, stall (half the body, then nothing until the server stops, or
-for `stall_s` seconds), reset (TCP RST).
+for `stall_s` seconds), reset (TCP RST), badfinish (a finish reason over 16 bytes, not
+ASCII), surrogate (an error event whose message holds a lone surrogate).
 
 Server-wide faults (constructor options): `drop_kept_alive` closes a kept-alive
 connection when the next request arrives on it, before any response byte (what a
@@ -252,6 +253,10 @@ class ReplayServer:
                 + b'data: {"choices": [{"index": 0, "logprobs": {"content": [{"token": "x"}]}}]}\n\n'
                 + b"".join(ev[2:])
             )
+        if fault == "badfinish":  # what the trace's 16-byte ASCII column cannot hold
+            return t.body.replace(b'"finish_reason":"length"', b'"finish_reason":"length_\\u00e9t\\u00e9_reached_here"')
+        if fault == "surrogate":
+            return b"".join(ev[:2]) + b'data: {"error": {"message": "bad \\ud800 byte"}}\n\n' + b"data: [DONE]\n\n"
         if fault == "errorevent":
             return (
                 b"".join(ev[:2])
