@@ -25,13 +25,15 @@ from tracekit.errors import ConfigError
 from tracekit.files import sha256_file
 from tracekit.modelinfo import eos_token_ids
 from tracekit.runinfo import base_run
-from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns, prompt_hash
+from tracekit.schema import Layout, RequestRecord, RunMeta, prompt_hash
 from tracekit.stats import percentiles
 from tracekit.store import TraceWriter
 
 from . import dialects, resume, runmeta
 from .client import Clock, Outcome, RouteWatch, finish, make_session, prompt_ids_for, send
 from .dialects import RequestSpec
+from .pitfalls import Pitfalls
+from .postprocess import Post
 from .probe import probe
 from .prompts import DEFAULT_MAX_TOKENS, Prompt, load_prompts
 from .tokens import TokenMapper
@@ -299,7 +301,8 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
             kept, specs = resume.copy_kept(prev, writer, specs)
             copied = True
             t0 = time.perf_counter()
-            post = _Post(cfg.tokenizer, logits_mode)
+            pitfalls = Pitfalls()
+            post = Post(cfg.tokenizer, logits_mode, writer.layout, pitfalls)
             counts, ntok, (lat, failures) = await _send_all(
                 session, base, dialect, specs, cfg, writer, mapper, rate, post, known_ids
             )
@@ -395,46 +398,6 @@ def _write_cancelled(writer: TraceWriter, specs: list[RequestSpec], started: dic
             )
             for s in specs
         ]
-    )
-
-
-class _Post:
-    """What the run does to each finished outcome: logits-mode values moved to the logit column,
-    unknown ids noted on the row and, once a run, on stderr with how to fix it."""
-
-    def __init__(self, tokenizer: str | None, logits_mode: bool):
-        self.tokenizer, self.logits_mode = tokenizer, logits_mode
-        self.unknown = 0  # tokens of ok rows with id -1
-
-    def __call__(self, outcome: Outcome) -> Outcome:
-        if self.logits_mode and outcome.tokens is not None:
-            outcome = Outcome(outcome.record, _as_logits(outcome.tokens), outcome.prompt_ids)
-        toks = outcome.tokens
-        if toks is None or outcome.record.status != "ok" or not (toks.token_id < 0).any():
-            return outcome
-        n = int((toks.token_id < 0).sum())
-        if not self.unknown:
-            fix = (
-                f"they are not in the vocabulary of {self.tokenizer}: is it the served model's tokenizer?"
-                if self.tokenizer
-                else "pass --tokenizer DIR (the served model's tokenizer), or --dialect vllm for a vLLM server"
-            )
-            print(f"warning: the engine sent token strings without ids; ids stay unknown (-1); {fix}", file=sys.stderr)
-        self.unknown += n
-        why = f"not in the vocabulary of {self.tokenizer}" if self.tokenizer else "pass --tokenizer DIR"
-        note = f"token ids unknown for {n} tokens: the engine sent token strings only; {why}"
-        rec = outcome.record
-        return Outcome(
-            dataclasses.replace(rec, error=f"{rec.error}; {note}" if rec.error else note), toks, outcome.prompt_ids
-        )
-
-
-def _as_logits(t: TokenColumns) -> TokenColumns:
-    """The engine's logprob fields held logits (vLLM --logprobs-mode *_logits): the values become
-    the raw top-k logits; the logprobs are unknown (NaN), never logits under a logprob name."""
-    nan = np.full_like(t.topk_logprob, np.nan)
-    return dataclasses.replace(
-        t, logprob=np.full_like(t.logprob, np.nan), topk_logprob=nan, topk_logit=t.topk_logprob.copy()
     )
 
 
