@@ -65,11 +65,22 @@ def _parse_line(obj: object, where: str) -> Prompt:
             raise ConfigError(f"{where}: 'prompt' as a list must hold non-negative token ids")
     elif not isinstance(prompt, str) or not prompt:
         raise ConfigError(f"{where}: 'prompt' must be a non-empty string or a list of token ids")
+    for name, text in (("id", pid), ("prompt", prompt)):
+        if isinstance(text, str) and not _encodable(text):  # JSON's "\ud800": no UTF-8 text, no trace row
+            raise ConfigError(f"{where}: '{name}' holds a lone surrogate escape ({text!r:.60}); fix the text")
     for name, typ in OPTIONAL.items():
         if name in obj and (not isinstance(obj[name], typ) or (typ is int and isinstance(obj[name], bool))):
             raise ConfigError(f"{where}: '{name}' has the wrong type ({type(obj[name]).__name__})")
     overrides = {k: obj[k] for k in OVERRIDES if k in obj}
     return Prompt(pid, prompt, overrides, dict(obj.get("extra") or {}))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _lines(path: Path):

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ('{"id": "a", "prompt": "x", "max_tokens": true}', "'max_tokens' has the wrong type"),
         ('{"id": "a", "prompt": "x"', "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
+        ('{"id": "a", "prompt": "x \\ud800 y"}', "'prompt' holds a lone surrogate escape"),
+        ('{"id": "\\udc00", "prompt": "x"}', "'id' holds a lone surrogate escape"),
     ],
 )
 def test_bad_prompt_lines_are_one_line_errors_with_the_line_number(tmp_path, line, msg):
