@@ -180,7 +180,7 @@ def _outcome_view(o, acc) -> dict:
         "http_status": o.record.http_status,
         "error": o.record.error[:200],
         "cached_tokens": o.record.cached_tokens,
-        "token_ids": list(acc.ids),
+        "token_ids": acc.token_ids(),  # ints; -1 where the engine sent a string no id is known for
         "n_tokens": len(acc.lps),
     }
 
@@ -195,6 +195,13 @@ def _match(before: dict, after: dict, baseline: dict | None, lp_b: list, lp_a: l
     if before["status"] != "ok" or after["status"] != "ok":
         return Check(
             "cancel_then_match", "fail", f"probe status before {before['status']}, after {after['status']}", ev
+        )
+    if any(t < 0 for t in before["token_ids"] + after["token_ids"]):
+        return Check(
+            "cancel_then_match",
+            "skip",
+            f"{after['key']}: token ids unknown (the engine sent token strings without ids): nothing to compare",
+            ev,
         )
     n = min(len(lp_a), len(lp_b))
     dlp = float(np.nanmax(np.abs(np.subtract(lp_a[:n], lp_b[:n])))) if n else float("nan")
