@@ -236,10 +236,11 @@ def classify(
         ev["topk_overlap"][D] = evidence.topk_overlap(ids_a, ids_b)
 
     # Drift before the difference, and up to (and including) A's EOS for post_eos.
-    values = chosen_values(al)
+    values = chosen_values(al, pair_bits)
     eos_pos = eos_before(al, ta, t, np.asarray(eos_ids, dtype=np.int64))
-    main = drift(al, t, values, pair_bits)
-    sound = drift(al, np.where(eos_pos >= 0, eos_pos + 1, 0), values, pair_bits)
+    main = drift(al, t, values)
+    # (end 0 everywhere when no pair has an EOS: nothing to reduce, the empty result)
+    sound = drift(al, np.where(eos_pos >= 0, eos_pos + 1, 0), values, skip=not (eos_pos >= 0).any())
     # Pairs measured on raw logits count steps: the nats tolerances at |logit| in [16, 32).
     per_step = np.ldexp(1.0, 4 - pair_bits)
     x = np.where(values.on_logits, tol["drift_nats"] / per_step, tol["drift_nats"])

@@ -14,6 +14,7 @@ measured on the chosen tokens' raw logits instead, in steps of the pair's grid
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,19 +65,27 @@ class Values:
     on_logits: np.ndarray  # [P] bool
     inconsistent: np.ndarray  # [T] bool: the logprob column contradicts the top-k row
     said: np.ndarray  # [T, 3] at such positions: side (0 A, 1 B), the column's value, the row's
+    # Per position, whatever the end of the compared part (drift() masks by position):
+    finite: np.ndarray | None = None  # [T] both values finite
+    odd: np.ndarray | None = None  # [T] a one-sided NaN/inf (a finding)
+    delta: np.ndarray | None = None  # [T] |Δ value|: nats, or steps for pairs on logits
+    raw: np.ndarray | None = None  # [T] |Δ value| in the values' own unit
+    differ: np.ndarray | None = None  # [T] the values differ bitwise
+    bits: np.ndarray | None = None  # [P] significand bits of each pair's grid
 
 
-def chosen_values(al: Alignment) -> Values:
+def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
+    """bits: [P] significand bits of each pair's grid (for pairs measured on logits)."""
     P = len(al.keys)
     col_a, col_b = al.a.logprob[al.idx_a], al.b.logprob[al.idx_b]
     top_a, top_b = al.a.topk_lp[al.idx_a], al.b.topk_lp[al.idx_b]
     bad = np.zeros(len(col_a), bool)
     said = np.full((len(col_a), 3), np.nan)
     for side, (col, top) in enumerate(((col_b, top_b), (col_a, top_a))):  # A's written last: A first
-        both = np.isfinite(col) & np.isfinite(top)
-        off = both & (np.abs(col.astype(np.float64) - top) > COLUMN_VS_TOPK_NATS * np.maximum(1, np.abs(top)))
-        said[off] = np.stack([np.full(len(col), 1 - side), col, top], 1)[off]
-        bad |= off
+        # NaN compares False: only positions where both are known can disagree.
+        off = np.flatnonzero(np.abs(col - top) > COLUMN_VS_TOPK_NATS * np.maximum(1, np.abs(top)))
+        said[off, 0], said[off, 1], said[off, 2] = 1 - side, col[off], top[off]
+        bad[off] = True
     va = np.where(np.isnan(col_a), top_a, col_a)
     vb = np.where(np.isnan(col_b), top_b, col_b)
     lp_a, lp_b = va, vb
@@ -93,7 +102,40 @@ def chosen_values(al: Alignment) -> Values:
             la, lb = al.a.chosen_logits(), al.b.chosen_logits()
             va = np.where(rows, la[al.idx_a], va)
             vb = np.where(rows, lb[al.idx_b], vb)
-    return Values(va, vb, lp_a, lp_b, on_logits, bad, said)
+    return _per_position(al, Values(va, vb, lp_a, lp_b, on_logits, bad, said, bits=bits))
+
+
+def _per_position(al: Alignment, v: Values) -> Values:
+    """The [T] masks and distances every drift() call reduces (computed once)."""
+    P, la, lb = len(al.keys), v.a, v.b
+    nz = np.flatnonzero(al.length > 0)
+    starts = al.start[nz]
+    odd = np.zeros(len(la), bool)
+    # One-sided NaN/inf is a finding, read on the logprobs (and on the logits for pairs
+    # measured on them). A side that recorded no logprob at all for a request: not a finding.
+    for xa, xb, only in ((v.lp_a, v.lp_b, None), (la, lb, v.on_logits)):
+        if only is not None and not only.any():
+            continue
+        silent = np.zeros(P, bool)
+        if len(nz):
+            silent[nz] = (np.add.reduceat(~np.isnan(xa), starts) == 0) | (np.add.reduceat(~np.isnan(xb), starts) == 0)
+        o = ~(np.isfinite(xa) & np.isfinite(xb)) & ~(np.isnan(xa) & np.isnan(xb)) & ~(xa == xb)
+        o &= ~silent[al.seg] if only is None else only[al.seg]
+        odd |= o
+    raw = np.abs(la.astype(np.float64) - lb)
+    delta = raw
+    logit_rows = v.on_logits[al.seg]
+    if logit_rows.any():  # raw logits: steps of the pair's grid at each value's own scale
+        s = np.abs(steps(la, lb, v.bits[al.seg], np.fmax(np.abs(la), np.abs(lb))))
+        delta = np.where(logit_rows, s, raw)
+    return dataclasses.replace(
+        v,
+        finite=np.isfinite(la) & np.isfinite(lb),
+        odd=odd,
+        delta=delta,
+        raw=raw,
+        differ=la.view(np.uint32) != lb.view(np.uint32),
+    )
 
 
 @dataclass(frozen=True)
@@ -118,44 +160,28 @@ class Drift:
     raw_max: np.ndarray  # [P] max |Δ value| in the values' own unit (logits for pairs on logits)
 
 
-def drift(al: Alignment, end: np.ndarray, v: Values, bits: np.ndarray) -> Drift:
-    """bits: [P] significand bits of each pair's grid (for pairs measured on logits)."""
+def drift(al: Alignment, end: np.ndarray, v: Values, skip: bool = False) -> Drift:
+    """Reduce the per-position values over positions < end, per pair.
+    skip: end is 0 for every pair (nothing before it): the empty result at once."""
     P = len(end)
-    la, lb = v.a, v.b
     dmax, mean = np.full(P, np.nan), np.full(P, np.nan)
     n, nf, inc = (np.zeros(P, np.int64) for _ in range(3))
     nfa, nfb = np.full(P, np.nan), np.full(P, np.nan)
     bitwise = np.ones(P, bool)
+    raw_max = np.full(P, np.nan)
     nz = np.flatnonzero(al.length > 0)
-    if not len(nz):
+    if skip or not len(nz):
         none = np.full(P, -1)
-        return Drift(dmax, mean, n, nf, none, nfa, nfb, inc, none, np.full((P, 3), np.nan), bitwise, np.full(P, np.nan))
+        return Drift(dmax, mean, n, nf, none, nfa, nfb, inc, none, np.full((P, 3), np.nan), bitwise, raw_max)
     starts = al.start[nz]
     pre = al.pos < end[al.seg]
-    fa, fb = np.isfinite(la), np.isfinite(lb)
-    both = fa & fb & pre
-    # One-sided NaN/inf is a finding, read on the logprobs (and on the logits for pairs
-    # measured on them). A side that recorded no logprob at all for a request: not a finding.
-    odd = np.zeros(len(la), bool)
-    for xa, xb, only in ((v.lp_a, v.lp_b, None), (la, lb, v.on_logits[al.seg])):
-        silent = np.zeros(P, bool)
-        silent[nz] = (np.add.reduceat(~np.isnan(xa), starts) == 0) | (np.add.reduceat(~np.isnan(xb), starts) == 0)
-        o = pre & ~(np.isfinite(xa) & np.isfinite(xb)) & ~(np.isnan(xa) & np.isnan(xb)) & ~(xa == xb)
-        o &= ~silent[al.seg]
-        odd |= o if only is None else (o & only)
-    d = np.abs(la.astype(np.float64) - lb)
-    raw_max = np.full(P, np.nan)
-    raw_max[nz] = np.maximum.reduceat(np.where(both, d, -1.0), starts)
-    raw_max[raw_max < 0] = np.nan
-    logit_rows = v.on_logits[al.seg]
-    if logit_rows.any():  # raw logits: steps of the pair's grid at each value's own scale
-        s = np.abs(steps(la, lb, bits[al.seg], np.fmax(np.abs(la), np.abs(lb))))
-        d = np.where(logit_rows, s, d)
-    d = np.where(both, d, 0.0)
+    both = v.finite & pre
     n[nz] = np.add.reduceat(both, starts, dtype=np.int64)
-    dmax[nz] = np.maximum.reduceat(np.where(both, d, -1.0), starts)
-    mean[nz] = np.add.reduceat(d, starts) / np.maximum(n[nz], 1)
-    dmax[n == 0], mean[n == 0] = np.nan, np.nan
+    dmax[nz] = np.maximum.reduceat(np.where(both, v.delta, -1.0), starts)
+    mean[nz] = np.add.reduceat(np.where(both, v.delta, 0.0), starts) / np.maximum(n[nz], 1)
+    raw_max[nz] = np.maximum.reduceat(np.where(both, v.raw, -1.0), starts)
+    dmax[n == 0], mean[n == 0], raw_max[n == 0] = np.nan, np.nan, np.nan
+    odd = v.odd & pre
     nf[nz] = np.add.reduceat(odd, starts, dtype=np.int64)
     nf_pos, idx = _first_per_pair(al, odd, P)
     has = idx >= 0
@@ -165,8 +191,7 @@ def drift(al: Alignment, end: np.ndarray, v: Values, bits: np.ndarray) -> Drift:
     inc_pos, inc_idx = _first_per_pair(al, bad, P)
     said = np.full((P, 3), np.nan)
     said[inc_idx >= 0] = v.said[inc_idx[inc_idx >= 0]]
-    bits_differ = pre & (la.view(np.uint32) != lb.view(np.uint32))
-    bitwise[nz] = np.add.reduceat(bits_differ, starts, dtype=np.int64) == 0
+    bitwise[nz] = np.add.reduceat(v.differ & pre, starts, dtype=np.int64) == 0
     return Drift(dmax, mean, n, nf, nf_pos, nfa, nfb, inc, inc_pos, said, bitwise, raw_max)
 
 

@@ -69,12 +69,22 @@ class Side:
 
 
 def _pick(ids: np.ndarray, vals: np.ndarray, tok: np.ndarray) -> np.ndarray:
-    """[N] vals at the first entry of each row whose id is tok (NaN when none)."""
+    """[N] vals at the first entry of each row whose id is tok (NaN when none).
+    Engines list the chosen token first almost always: rank 0 is checked for every
+    row, the whole row only for the rest."""
+    out = np.full(len(tok), np.nan, np.float32)
     if not ids.shape[1] or not len(ids):
-        return np.full(len(tok), np.nan, np.float32)
-    hit = (ids == tok[:, None]) & (ids >= 0)
-    j = hit.argmax(1)
-    return np.where(hit.any(1), vals[np.arange(len(ids)), j], np.nan).astype(np.float32)
+        return out
+    first = (ids[:, 0] == tok) & (tok >= 0)
+    out[first] = vals[first, 0]
+    rest = np.flatnonzero(~first)
+    if len(rest):
+        sub = ids[rest]
+        hit = (sub == tok[rest, None]) & (sub >= 0)
+        j = hit.argmax(1)
+        found = hit.any(1)
+        out[rest[found]] = vals[rest[found], j[found]]
+    return out
 
 
 def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> tuple[np.ndarray, str, frozenset]:

@@ -39,18 +39,36 @@ K, EOS, PROMPT = 20, 2, 16
 PLANT = {"post_eos": 0.02, "bf16_tie_flip": 0.05, "cache_boundary": 0.02, "unexplained": 0.01, "incomparable": 0.01}
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to the BF16 grid (nearest)."""
+    u = np.asarray(x, np.float32).view(np.uint32)
+    return ((u + np.uint32(0x8000)) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def _log_softmax(logit: np.ndarray) -> np.ndarray:
+    """Logprobs of a top-k row: log-softmax over it plus unseen mass (3 nats below the
+    last entry), so the row's probabilities sum to less than 1 and match its logits."""
+    z = np.concatenate([logit.astype(np.float64), logit[:, -1:] - 3.0], 1)
+    m = z.max(1, keepdims=True)
+    lse = m + np.log(np.exp(z - m).sum(1, keepdims=True))
+    return (logit - lse).astype(np.float32)
+
+
 def synth(n_pos: int, seed: int = 0):
-    """A's columns [N] / [N, K], request lengths, and per request the class planted."""
+    """A's columns [N] / [N, K], request lengths, and per request the class planted.
+    A BF16 run: logits on the BF16 grid (top ~20), logprobs their log-softmax."""
     rng = np.random.default_rng(seed)
     lens = rng.integers(600, 1400, size=max(1, n_pos // 1000))
     lens[-1] += n_pos - lens.sum()
     lens = np.maximum(lens, 8)
     n = int(lens.sum())
     tok = rng.integers(3, 30000, n).astype(np.int32)
-    # top-k: the chosen id first, then filler ids from another range; descending logprobs.
-    ids = np.concatenate([tok[:, None], rng.integers(40000, 50000, (n, K - 1)).astype(np.int32)], 1)
-    lp = -np.sort(rng.uniform(0.05, 12.0, (n, K)), axis=1).astype(np.float32)
-    logit = (lp + 10.0).astype(np.float32)
+    # top-k: the chosen id first, then distinct filler ids from another range, descending logits.
+    fill = 40000 + 500 * np.arange(K - 1) + rng.integers(0, 500, (n, K - 1))
+    ids = np.concatenate([tok[:, None], fill.astype(np.int32)], 1)
+    logit = _bf16(20.0 - np.sort(rng.uniform(0, 12.0, (n, K)), axis=1))
+    logit[:, 0] = np.maximum(logit[:, 0], logit[:, 1])  # the chosen token is the top-1
+    lp = _log_softmax(logit)
     cls = rng.choice(["identical"] + list(PLANT), size=len(lens), p=[1 - sum(PLANT.values())] + list(PLANT.values()))
     cls[: len(PLANT)] = list(PLANT)  # every class at least once, whatever N
     return dict(tok=tok, ids=ids, lp=lp, logit=logit), lens, cls
@@ -70,14 +88,14 @@ def plant(cols, lens, cls, rng):
             a["tok"][t - 3] = b["tok"][t - 3] = a["ids"][t - 3, 0] = b["ids"][t - 3, 0] = EOS
             b["tok"][t] = b["ids"][t, 0] = other
         elif c in ("bf16_tie_flip", "cache_boundary"):
-            gap = 0.03 if c == "bf16_tie_flip" else 0.3  # 0.03 nats < 1 ulp; 0.3 nats ~ 4.8 ulp at |10|
+            steps = 1 if c == "bf16_tie_flip" else 6  # BF16 steps of 1/8 at 20: a tie; beyond it
             for side, first, second in ((a, a["tok"][t], other), (b, other, a["tok"][t])):
                 side["ids"][t, :2] = first, second
-                side["lp"][t, :2] = -0.5, -0.5 - gap
-                side["logit"][t, :2] = 10.0, 10.0 - gap
+                side["logit"][t, :2] = 20.0, 20.0 - steps / 8
+                side["lp"][t] = _log_softmax(side["logit"][t : t + 1])[0]
             b["tok"][t] = other
             if c == "cache_boundary":
-                cached_b[i] = 64
+                cached_b[i] = 8  # inside the 16-token prompt
         elif c == "unexplained":
             b["tok"][t] = b["ids"][t, 0] = 29999 + 40000  # not in A's top-k
         elif c == "incomparable":
@@ -87,7 +105,7 @@ def plant(cols, lens, cls, rng):
 
 
 def write(path, cols, lens, cached, status):
-    meta = RunMeta(source="http", run={"eos_token_ids": [EOS]}, layout=Layout(topk=K, raw_logits=True))
+    meta = RunMeta(source="http", run={"eos_token_ids": [EOS], "dtype": "bf16"}, layout=Layout(topk=K, raw_logits=True))
     starts = np.cumsum(lens) - lens
     prompt = np.arange(PROMPT, dtype=np.int32)
     with TraceWriter(path, meta) as w:
