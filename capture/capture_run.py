@@ -32,7 +32,7 @@ from tracekit.store import TraceWriter
 from . import dialects, resume, runmeta
 from .client import Clock, Outcome, RouteWatch, finish, make_session, prompt_ids_for, send
 from .dialects import RequestSpec
-from .pitfalls import Pitfalls
+from .pitfalls import Pitfalls, Watch, at_start
 from .postprocess import Post
 from .probe import probe
 from .prompts import DEFAULT_MAX_TOKENS, Prompt, load_prompts
@@ -278,21 +278,15 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
     base = cfg.url.rstrip("/")
     out = Path(cfg.out)
     async with make_session(cfg.concurrency, cfg.timeout_s, api_key) as session:
-        pr = await probe(session, base, cfg.dialect, cfg.wait_ready_s)
-        dialect = dialects.get(pr.dialect)
-        model = cfg.model or pr.model
-        if (model and model != cfg.model) or pr.extra_body:
-            specs = [dataclasses.replace(s, model=model, extra={**pr.extra_body, **s.extra}) for s in specs]
-        for s in specs:
-            dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
-        numerics = await runmeta.engine_numerics(session, base, pr.dialect, pr.engine)
-        run = _run_meta(cfg, pr, specs, len(prompts), rate, numerics)
-        known_ids, run["prompt_ids"] = await prompt_ids_for(session, base, pr, specs, cfg.tokenizer)
+        pr, specs, run, known_ids = await _setup(session, base, cfg, specs, len(prompts), rate)
+        resume.check(out, cfg.resume, cfg.top_logprobs, run)
+        pitfalls = Pitfalls()
+        at_start(specs, run, pr.engine_kind, pitfalls)
+        run["pitfalls"] = pitfalls.as_list()  # a killed run keeps these; the rest are added at close
         logits_mode = run["logprobs_mode"] in runmeta.LOGIT_MODES
         meta = RunMeta(
             source="http", run=run, layout=Layout(topk=cfg.top_logprobs, raw_logits=pr.raw_logits or logits_mode)
         )
-        resume.check(out, cfg.resume, cfg.top_logprobs, run)
         prev = resume.prepare(out, cfg.resume)
         # Chunk-size hint: planned requests x max_tokens (a small run gets small files).
         writer = TraceWriter(out, meta, expected_tokens=sum(s.max_tokens for s in specs))
@@ -301,12 +295,14 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
             kept, specs = resume.copy_kept(prev, writer, specs)
             copied = True
             t0 = time.perf_counter()
-            pitfalls = Pitfalls()
-            post = Post(cfg.tokenizer, logits_mode, writer.layout, pitfalls)
+            watch = Watch(pitfalls, pr.dialect, pr.engine_kind, run["cache"]["reported_by"])
+            post = Post(cfg.tokenizer, logits_mode, writer.layout, pitfalls, watch)
             counts, ntok, (lat, failures) = await _send_all(
-                session, base, dialect, specs, cfg, writer, mapper, rate, post, known_ids
+                session, base, dialects.get(pr.dialect), specs, cfg, writer, mapper, rate, post, known_ids
             )
             wall = time.perf_counter() - t0
+            watch.finish()
+            writer.set_run({**run, "pitfalls": pitfalls.as_list()})
         finally:
             writer.close()
             if copied:  # reached only when the close did not raise: <out> holds every kept row
@@ -314,6 +310,22 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
     return CaptureSummary(
         str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures, post.unknown
     )
+
+
+async def _setup(session, base: str, cfg: CaptureConfig, specs: list[RequestSpec], n_prompts: int, rate):
+    """Probe the engine and plan what it needs: (probe result, specs with the engine's model and
+    extra body fields, run metadata, {text: prompt ids})."""
+    pr = await probe(session, base, cfg.dialect, cfg.wait_ready_s)
+    dialect = dialects.get(pr.dialect)
+    model = cfg.model or pr.model
+    if (model and model != cfg.model) or pr.extra_body:
+        specs = [dataclasses.replace(s, model=model, extra={**pr.extra_body, **s.extra}) for s in specs]
+    for s in specs:
+        dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
+    numerics = await runmeta.engine_numerics(session, base, pr.dialect, pr.engine)
+    run = _run_meta(cfg, pr, specs, n_prompts, rate, numerics)
+    known_ids, run["prompt_ids"] = await prompt_ids_for(session, base, pr, specs, cfg.tokenizer)
+    return pr, specs, run, known_ids
 
 
 async def _send_all(
@@ -338,7 +350,7 @@ async def _send_all(
         async with sem:
             ids = known_ids.get(spec.prompt) if isinstance(spec.prompt, str) else None  # text prompts' ids
             outcome, acc = await send(session, base, dialect, spec, clock, started, ids)
-        outcome = post(finish(outcome, acc, k, raw, mapper))
+        outcome = post(finish(outcome, acc, k, raw, mapper), spec)
         watch.seen(outcome.record)
         pending.append(outcome)
         finished.add(spec.key)

@@ -22,19 +22,24 @@ from tracekit.schema import Layout, TokenColumns
 from tracekit.store import check_request
 
 from .client import ERROR_EXCERPT, Outcome
+from .dialects import RequestSpec
 
 
 class Post:
     """Callable on each finished outcome: logits moved, unknown ids noted, pitfalls said once."""
 
-    def __init__(self, tokenizer: str | None, logits_mode: bool, layout: Layout, warn):
+    def __init__(self, tokenizer: str | None, logits_mode: bool, layout: Layout, warn, watch=None):
         self.tokenizer, self.logits_mode, self.layout, self.warn = tokenizer, logits_mode, layout, warn
+        self.watch = watch  # pitfalls.Watch: sees each outcome as it will be stored
         self.unknown = 0  # tokens of ok rows with id -1
 
-    def __call__(self, outcome: Outcome) -> Outcome:
+    def __call__(self, outcome: Outcome, spec: RequestSpec) -> Outcome:
         if self.logits_mode and outcome.tokens is not None:
             outcome = Outcome(outcome.record, _as_logits(outcome.tokens), outcome.prompt_ids)
-        return storable(self._unknown_ids(outcome), self.layout)
+        outcome = storable(self._unknown_ids(outcome), self.layout)
+        if self.watch is not None:
+            self.watch.seen(spec, outcome)
+        return outcome
 
     def _unknown_ids(self, outcome: Outcome) -> Outcome:
         toks = outcome.tokens

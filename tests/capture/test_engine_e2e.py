@@ -72,6 +72,8 @@ def test_serial_and_concurrent_captures_agree_in_fp32(engine, tmp_path):
         # The engine reports its dtype: the classifier's grid comes from the run's `dtype`.
         assert (run["dtype"], run["dtype_source"]) == ("fp32", "engine: /v1/models meta.dtype")
         assert run["logprobs_mode"] == "raw_logprobs" and run["sampling"]["max_tokens"] == 32
+        # The reference engine gives every piece of evidence: no pitfall (capture/pitfalls.py).
+        assert run["pitfalls"] == [] and b.meta.run["pitfalls"] == []
         assert b.meta.run["concurrency"] == 8
         ia, ib = a.requests.index_by_key(), b.requests.index_by_key()
         assert set(ia) == set(ib) and len(ia) >= 8
