@@ -134,6 +134,23 @@ def side_dtypes(
     return per_row, notes
 
 
+def run_label(side: Side) -> str:
+    """What a trace is, from its run metadata: 'vllm · bf16 · concurrency 8 · cache on · burst'."""
+    run = side.meta.run
+    eng = run.get("engine") if isinstance(run.get("engine"), dict) else {}
+    meta = (eng.get("v1_models") or {}).get("meta") if isinstance(eng.get("v1_models"), dict) else None
+    name = (meta or {}).get("engine") or run.get("dialect") or side.meta.source
+    cache = run.get("cache", {}).get("setting") if isinstance(run.get("cache"), dict) else run.get("cache")
+    parts = [
+        str(name),
+        str(run.get("dtype") or ""),
+        f"concurrency {run['concurrency']}" if run.get("concurrency") else "",
+        f"cache {cache}" if cache and cache != "unknown" else "",
+        str(run.get("mode") or ""),
+    ]
+    return " · ".join(p for p in parts if p)
+
+
 def _as_select(sel: str | dict | None) -> dict[str, str]:
     return parse_select(sel) if isinstance(sel, (str, type(None))) else dict(sel)
 
@@ -211,4 +228,5 @@ def diff(
             cols["teacher"] = cross_check(_open(stack, teacher), al, cols)
             notes.append("teacher-forced verdicts are a cross-check; the classes come from the HTTP traces")
         grids = {"a": grid_a, "b": grid_b}
-        return DiffResult(ra.path, rb.path, thr, ids, src, cols, tuple(notes), grids)
+        labels = {"a": run_label(side_a), "b": run_label(side_b)}
+        return DiffResult(ra.path, rb.path, thr, ids, src, cols, tuple(notes), grids, labels)

@@ -144,10 +144,18 @@ def _findings(r: DiffResult) -> list[str]:
 
 
 def _header(r: DiffResult, only: Sequence[str] | None = None) -> list[str]:
-    g = r.grids
+    g, lab = r.grids, r.labels
+
+    def who(s: str, path: str) -> str:
+        return (
+            f"{s.upper()}: {path}"
+            + (f"  [{lab[s]}]" if lab.get(s) else "")
+            + (f"  (grid {g[s].describe()})" if s in g else "")
+        )
+
     lines = [
-        f"A: {r.a}" + (f"  (grid {g['a'].describe()})" if "a" in g else ""),
-        f"B: {r.b}" + (f"  (grid {g['b'].describe()})" if "b" in g else ""),
+        who("a", r.a),
+        who("b", r.b),
         *_thresholds(r),
         f"EOS ids: {', '.join(map(str, r.eos_ids))} ({r.eos_source})" if r.eos_ids else f"EOS ids {r.eos_source}",
         *_findings(r),

@@ -109,6 +109,7 @@ class DiffResult:
     columns: Mapping[str, np.ndarray]  # classify() columns + rule + teacher, each [P]
     notes: tuple[str, ...] = ()
     grids: Mapping[str, Grid] = field(default_factory=dict)  # "a"/"b": the run-level grid
+    labels: Mapping[str, str] = field(default_factory=dict)  # "a"/"b": what each trace is (run metadata)
 
     def __len__(self) -> int:
         return len(self.columns["key"])
@@ -224,6 +225,7 @@ class DiffResult:
             "schema": SCHEMA,
             "a": self.a,
             "b": self.b,
+            "labels": dict(self.labels),
             "summary": {k: s[k] for k in order},
             "findings": self.findings(),
             "thresholds": th,
