@@ -1,5 +1,6 @@
 """The full-matrix evidence of a `tracekit run` directory: one row per cell
-(equality counts, classes, lifecycle checks, throughput, TTFT percentiles),
+(equality counts, classes, prefix reuse per request or from the engine's /metrics
+counters, lifecycle checks, throughput, TTFT percentiles), the pitfalls the captures warned of,
 every non-identical pair with its evidence, a JSON summary (schema
 tracekit.matrix-report/1) and a markdown page for a PR.
 
@@ -23,6 +24,7 @@ from tracekit.stats import percentiles
 from tracekit.store import TraceReader
 
 from . import compare_targets
+from . import matrix_sections as sections
 from .classify import CLASSES
 
 SCHEMA = "tracekit.matrix-report/1"
@@ -35,6 +37,7 @@ class CellRow:
     loaded: LoadedCell
     perf: Mapping[str, Any] = field(default_factory=dict)  # tokens_per_s, ttft_ms_p50/p90/p99, e2e_ms_p50
     perf_error: str | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)  # burst_facts: prefix reuse, counters, pitfalls
 
     @property
     def cell(self):
@@ -67,6 +70,8 @@ class CellRow:
             "failed_checks": self.failed_checks,
             "perf": dict(self.perf),
             "perf_error": self.perf_error,
+            "prefix_reuse": {k: v for k, v in self.facts.items() if k != "pitfalls"},
+            "pitfalls": [p["code"] for p in self.facts.get("pitfalls") or ()],
             "paths": {"baseline": r.baseline, "burst": r.burst, "diff": r.diff.path},
             "divergent": [_pair_json(p) for p in divergent(self)],
         }
@@ -94,13 +99,24 @@ def diff_document(a: Path, b: Path, teacher: Path | None = None) -> dict:
     return diff(a, b, teacher=teacher).to_json()
 
 
-def burst_perf(path: Path) -> dict:
-    """Throughput (generated tokens / wall span) and TTFT / E2E percentiles (ms) of ok rows."""
+def burst_facts(path: Path) -> tuple[dict, dict]:
+    """(performance, facts) of a burst trace. Performance: throughput (generated tokens / wall span)
+    and TTFT / E2E percentiles (ms) of ok rows. Facts: per-request prefix reuse (ok rows that
+    reported cached tokens, and reused > 0), the engine's counters around the capture and the
+    pitfalls it warned of (run metadata)."""
     with TraceReader(path) as r:
-        t = r.requests
+        t, run = r.requests, r.meta.run
     ok = t.status == "ok"
+    ct = t.cached_tokens[ok]
+    facts = {
+        "requests": int(ok.sum()),
+        "cached_reported": int((ct >= 0).sum()),
+        "reused": int((ct > 0).sum()),
+        "counters": run.get("prefix_cache_counters"),
+        "pitfalls": list(run.get("pitfalls") or ()),
+    }
     if not ok.any():
-        return {}
+        return {}, facts
     span = float(t.t_done_s[ok].max() - t.t_sent_s[ok].min())
     ttft = percentiles((t.t_first_token_s - t.t_sent_s)[ok] * 1e3, ndigits=2)
     e2e = percentiles((t.t_done_s - t.t_sent_s)[ok] * 1e3, (50,), ndigits=2)
@@ -111,7 +127,7 @@ def burst_perf(path: Path) -> dict:
         "tokens_per_s": round(toks / span, 1) if span > 0 else None,
         **{f"ttft_ms_{q}": ttft.get(q) for q in ("p50", "p90", "p99")},
         "e2e_ms_p50": e2e.get("p50"),
-    }
+    }, facts
 
 
 def load_rows(root: str | Path) -> tuple[Manifest | None, list[CellRow], tuple[tuple[str, str], ...]]:
@@ -121,13 +137,13 @@ def load_rows(root: str | Path) -> tuple[Manifest | None, list[CellRow], tuple[t
     view = rd.view()
     rows = []
     for c in view.cells:
-        perf, err = {}, None
+        perf, facts, err = {}, {}, None
         if c.record.burst:
             try:
-                perf = burst_perf(rd.path(c.record.burst))
+                perf, facts = burst_facts(rd.path(c.record.burst))
             except TraceFormatError as e:
                 err = f"burst trace unreadable: {e}"
-        rows.append(CellRow(c, perf, err))
+        rows.append(CellRow(c, perf, err, facts))
     return view.manifest, rows, view.unreadable
 
 
@@ -191,6 +207,7 @@ def table_rows(rows: list[CellRow]) -> tuple[list[str], list[list[str]]]:
         "post EOS",
         "unexpl.",
         "incomp.",
+        "reuse",
         "checks",
         "tok/s",
         "TTFT p50/p90/p99 ms",
@@ -212,6 +229,7 @@ def table_rows(rows: list[CellRow]) -> tuple[list[str], list[list[str]]]:
                     str(counts.get(k, "—"))
                     for k in ("bf16_tie_flip", "cache_boundary", "post_eos", "unexplained", "incomparable")
                 ),
+                sections.reuse(r.facts),
                 _checks_cell(r),
                 _fmt(p.get("tokens_per_s")),
                 ttft,
@@ -286,22 +304,6 @@ def pair_table(rows: list[CellRow], fmt: str = "github") -> str:
     return tabulate(body, headers=PAIR_HEAD, tablefmt=fmt, disable_numparse=True)
 
 
-AB_TEXT = (
-    "**A and B.** In every cell A is the serial baseline (one request at a time, "
-    "`groups/<group>/serial.h5`) and B the concurrent burst (every prompt sent at t=0, at most "
-    "`conc` in flight, `cells/<cell>/burst.h5`), both sent to the same engine process: same engine, "
-    "dtype and prefix-cache setting, so A and B differ in concurrency and, with the cache on, in "
-    "which prefixes the engine had already cached (B re-sends prompts that A cached)."
-)
-PAIR_LEGEND = (
-    "Columns: `pos` is the first differing generated position; `gap` is the logprob gap between "
-    "the two competing tokens at `pos` in each trace (A: A's token over B's, B: the reverse), in "
-    "nats and in ULPs of the run's grid (raw logits); `reused prefix` is each request's reported "
-    "`cached_tokens`; `drift before` is the max |Δ chosen logprob| before `pos` (nats); `rule` is "
-    "why the class applies (docs/analysis.md); `teacher-forced` is the replay cross-check when run."
-)
-
-
 def markdown(
     root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None, unreadable=()
 ) -> str:
@@ -316,7 +318,7 @@ def markdown(
         f"**{n_ok}/{n} cells pass** (a cell fails on any `unexplained` or `incomparable` pair, "
         "or any failed lifecycle check). Identical = A vs B, equal token ids.",
         "",
-        AB_TEXT,
+        sections.AB_TEXT,
         "",
         tabulate(body, headers=head, tablefmt="github", disable_numparse=True),
         "",
@@ -324,11 +326,12 @@ def markdown(
         "",
         pair_table(rows),
         "",
-        PAIR_LEGEND,
+        sections.PAIR_LEGEND,
         "",
     ]
     lines += compare_targets.markdown(compare_targets.matched(rows))
-    lines += _failures(rows, unreadable) + _setup(man) + _plot_lines(root, plots)
+    lines += sections.pitfalls((r.cell.id, r.facts) for r in rows)
+    lines += _failures(rows, unreadable) + sections.setup(man) + sections.plot_lines(root, plots)
     return "\n".join(lines) + "\n"
 
 
@@ -350,53 +353,6 @@ def _failures(rows: list[CellRow], unreadable=()) -> list[str]:
             )
         )
     return (["### Failed cells and read errors", ""] + out + [""]) if out else []
-
-
-def _setup(man: Manifest | None) -> list[str]:
-    if man is None:
-        return ["(no manifest.json: the run did not finish; setup unknown)", ""]
-    host = man.host
-    out = [
-        "### Setup",
-        "",
-        f"- tool: {man.tool}, commit `{man.git_commit}`",
-        f"- command: `{man.command}`",
-        f"- host: {host.get('hostname')} ({host.get('platform')}, {host.get('cpus')} CPUs, "
-        f"Python {host.get('python')})",
-        f"- run: {man.started_utc} → {man.finished_utc}",
-    ]
-    for e in man.engines:
-        data = (e.self_report.get("v1_models") or {}).get("data") or [{}]
-        meta = (data[0] if isinstance(data[0], dict) else {}).get("meta") or {}
-        desc = ", ".join(
-            f"{k}={meta[k]}"
-            for k in ("engine", "version", "dtype", "attn", "slots", "prefix_cache", "inject_fault")
-            if k in meta
-        )
-        cmd = " ".join(e.command or ()) or e.url or ""
-        out.append(
-            f"- engine `{e.engine_id}`: `{cmd}`"
-            + (f" — self-report: {desc}" if desc else "")
-            + (f" — **did not start**: {e.error[:200]}" if e.error else "")
-        )
-    out.append(f"- {len(man.files)} files with sha256 in `manifest.json`")
-    return out + [""]
-
-
-def _plot_lines(root: Path, plots: dict | None) -> list[str]:
-    if not plots:
-        return []
-    out = [
-        "### Plots",
-        "",
-        "The plots are PNG files beside this page (`report/` of the run directory). **Attach them** "
-        "to the PR or comment (drag the files in): the image links below are relative and show only "
-        "where this file is viewed next to them (a repository, a local viewer); they break once pasted.",
-        "",
-    ]
-    for name, rel in plots.items():
-        out.append(f"- `{rel}`: ![{name}]({Path(rel).relative_to('report').as_posix()})")
-    return out + [""]
 
 
 def write_report(root: str | Path, pair: tuple[str, str] | None = None, plots: bool = True) -> Report:

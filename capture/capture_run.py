@@ -22,14 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from tracekit.errors import ConfigError
-from tracekit.files import sha256_file
-from tracekit.modelinfo import eos_token_ids
-from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta, prompt_hash
 from tracekit.stats import percentiles
 from tracekit.store import TraceWriter
 
-from . import dialects, resume, runmeta
+from . import dialects, metrics, resume, runmeta
 from .client import Clock, Outcome, RouteWatch, finish, make_session, prompt_ids_for, send
 from .dialects import RequestSpec
 from .pitfalls import Pitfalls, Watch, at_start
@@ -37,17 +34,6 @@ from .postprocess import Post
 from .probe import probe
 from .prompts import DEFAULT_MAX_TOKENS, Prompt, load_prompts
 from .tokens import TokenMapper
-
-# Where each dialect's cached-prompt count comes from (recorded in the run metadata).
-_USAGE_CACHED = "usage.prompt_tokens_details.cached_tokens"
-CACHE_FIELD = {
-    "openai": _USAGE_CACHED,
-    "openai-chat": _USAGE_CACHED,
-    "vllm": _USAGE_CACHED + " (only with --enable-prompt-tokens-details)",
-    "sglang": "meta_info.cached_tokens",
-    "tgi": "not reported",
-    "llamacpp": "timings.cache_n",
-}
 
 
 @dataclass(frozen=True)
@@ -88,6 +74,8 @@ class CaptureSummary:
     latency: dict = field(default_factory=dict)  # ok requests: ttft_s / e2e_s / itl_s -> p50, p90, p99
     failures: list = field(default_factory=list)  # (key, status, error) of the first 20 failed requests
     unknown_id_tokens: int = 0  # tokens of ok rows stored with id -1 (strings the capture could not map)
+    prefix_cache_counters: dict = field(default_factory=dict)  # metrics.prefix_counters over the run
+    pitfalls: list = field(default_factory=list)  # codes of the run's pitfalls (capture/pitfalls.py)
 
     @property
     def failed(self) -> int:
@@ -106,6 +94,8 @@ class CaptureSummary:
             "latency": self.latency,
             "failures": [list(f) for f in self.failures],
             "unknown_id_tokens": self.unknown_id_tokens,
+            "prefix_cache_counters": self.prefix_cache_counters,
+            "pitfalls": self.pitfalls,
         }
 
 
@@ -215,48 +205,6 @@ def _api_key(var: str | None) -> str | None:
     return key
 
 
-def _token_ids_note(cfg: CaptureConfig, dialect: str, tokenizer: str | None) -> tuple[str, bool]:
-    """(where ids come from, whether token strings would stay unknown) for the run metadata."""
-    if dialect not in ("openai", "openai-chat"):
-        return "engine ids", False
-    if tokenizer:
-        return f"engine ids where sent; token strings mapped with the tokenizer at {tokenizer}", False
-    return "engine ids where sent; token strings stay unknown (-1): no --tokenizer", True
-
-
-def _run_meta(cfg: CaptureConfig, pr, specs, n_prompts: int, rate, numerics: dict) -> dict:
-    # The engine's own report first, else the files of the tokenizer directory (never guessed).
-    tok_dir = cfg.tokenizer or (pr.tokenizer if pr.tokenizer and Path(pr.tokenizer).is_dir() else None)
-    eos = pr.eos_token_ids or (list(eos_token_ids(tok_dir)) if tok_dir else [])
-    dtype, dtype_source = runmeta.resolve_dtype(cfg.dtype, cfg.run_meta.get("dtype"), numerics)
-    mode, mode_source = runmeta.resolve_logprobs_mode(cfg.logprobs_mode, numerics)
-    ids_from, unmapped = _token_ids_note(cfg, pr.dialect, cfg.tokenizer)
-    labels = {k: v for k, v in cfg.run_meta.items() if k not in ("cache", "dtype")}
-    return base_run(
-        target=cfg.url,
-        dialect=pr.dialect,
-        dialect_reason=pr.reason,
-        engine=pr.engine,
-        model=cfg.model or pr.model,
-        tokenizer=cfg.tokenizer or pr.tokenizer or None,
-        eos_token_ids=eos,
-        dtype=dtype,
-        dtype_source=dtype_source,
-        logprobs_mode=mode,
-        logprobs_mode_source=mode_source,
-        concurrency=cfg.concurrency,
-        sampling=runmeta.sampling(specs, cfg.stream),
-        cache={"reported_by": CACHE_FIELD.get(pr.dialect, "unknown"), "setting": cfg.run_meta.get("cache", "unknown")},
-        token_ids=ids_from,
-        token_ids_unmapped=unmapped,
-        arrival=cfg.arrival if rate is None else {"poisson_rate_per_s": rate, "seed": cfg.seed},
-        repeat=cfg.repeat,
-        timeout_s=cfg.timeout_s,
-        prompts={"path": cfg.prompts, "sha256": sha256_file(cfg.prompts), "n": n_prompts},
-        **labels,
-    )
-
-
 def run_capture(cfg: CaptureConfig) -> CaptureSummary:
     """Run a whole capture (blocking). Raises TracekitError for setup problems only."""
     bad_max = cfg.max_tokens is not None and cfg.max_tokens < 1
@@ -294,22 +242,25 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
         try:
             kept, specs = resume.copy_kept(prev, writer, specs)
             copied = True
-            t0 = time.perf_counter()
             watch = Watch(pitfalls, pr.dialect, pr.engine_kind, run["cache"]["reported_by"])
             post = Post(cfg.tokenizer, logits_mode, writer.layout, pitfalls, watch)
+            before = await metrics.fetch(session, base)  # the engine's prefix-cache counters around the run
+            t0 = time.perf_counter()
             counts, ntok, (lat, failures) = await _send_all(
                 session, base, dialects.get(pr.dialect), specs, cfg, writer, mapper, rate, post, known_ids
             )
             wall = time.perf_counter() - t0
+            counters = metrics.prefix_counters(before, await metrics.fetch(session, base))
             watch.finish()
-            writer.set_run({**run, "pitfalls": pitfalls.as_list()})
+            writer.set_run({**run, "pitfalls": pitfalls.as_list(), "prefix_cache_counters": counters})
         finally:
             writer.close()
             if copied:  # reached only when the close did not raise: <out> holds every kept row
                 resume.done(prev, out)
     return CaptureSummary(
-        str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures, post.unknown
-    )
+        str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures, post.unknown,
+        counters, [p["code"] for p in pitfalls.as_list()],
+    )  # fmt: skip
 
 
 async def _setup(session, base: str, cfg: CaptureConfig, specs: list[RequestSpec], n_prompts: int, rate):
@@ -323,7 +274,7 @@ async def _setup(session, base: str, cfg: CaptureConfig, specs: list[RequestSpec
     for s in specs:
         dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
     numerics = await runmeta.engine_numerics(session, base, pr.dialect, pr.engine)
-    run = _run_meta(cfg, pr, specs, n_prompts, rate, numerics)
+    run = runmeta.build(cfg, pr, specs, n_prompts, rate, numerics)
     known_ids, run["prompt_ids"] = await prompt_ids_for(session, base, pr, specs, cfg.tokenizer)
     return pr, specs, run, known_ids
 

@@ -8,17 +8,23 @@
   `--logprobs-mode raw_logits` / `processed_logits` return logits there, which the
   capture stores as raw top-k logits (`topk_logit`), never as logprobs;
 - the effective sampling of the planned requests (command line over prompt file);
-- the parts of a configuration a resumed run must share with the trace it completes.
+- the parts of a configuration a resumed run must share with the trace it completes;
+- `build`: the whole run metadata a capture starts with.
 
-No I/O except the probes in `engine_numerics`.
+No network I/O except the probes in `engine_numerics`; `build` reads the prompt file's hash and
+the tokenizer directory's EOS ids.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tracekit import dtypes
 from tracekit.errors import ConfigError
+from tracekit.files import sha256_file
+from tracekit.modelinfo import eos_token_ids
+from tracekit.runinfo import base_run
 
 from .dialects import RequestSpec
 
@@ -164,3 +170,59 @@ def check_resumable(path: str, old: dict, new: dict) -> None:
             f"{path}: cannot --resume with another configuration ({'; '.join(diffs)}); "
             "rerun with the trace's own options, or write a new --out"
         )
+
+
+# Where each dialect's cached-prompt count comes from (recorded in the run metadata).
+_USAGE_CACHED = "usage.prompt_tokens_details.cached_tokens"
+CACHE_FIELD = {
+    "openai": _USAGE_CACHED,
+    "openai-chat": _USAGE_CACHED,
+    "vllm": _USAGE_CACHED + " (only with --enable-prompt-tokens-details)",
+    "sglang": "meta_info.cached_tokens",
+    "tgi": "not reported",
+    "llamacpp": "timings.cache_n",
+}
+
+
+def _token_ids_note(dialect: str, tokenizer: str | None) -> tuple[str, bool]:
+    """(where ids come from, whether token strings would stay unknown) for the run metadata."""
+    if dialect not in ("openai", "openai-chat"):
+        return "engine ids", False
+    if tokenizer:
+        return f"engine ids where sent; token strings mapped with the tokenizer at {tokenizer}", False
+    return "engine ids where sent; token strings stay unknown (-1): no --tokenizer", True
+
+
+def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None, numerics: dict) -> dict:
+    """The run metadata of a capture as it starts (cfg: capture_run.CaptureConfig, pr: the probe's
+    result); the run adds `prompt_ids`, `pitfalls` and, at close, `prefix_cache_counters`."""
+    # The engine's own report first, else the files of the tokenizer directory (never guessed).
+    tok_dir = cfg.tokenizer or (pr.tokenizer if pr.tokenizer and Path(pr.tokenizer).is_dir() else None)
+    eos = pr.eos_token_ids or (list(eos_token_ids(tok_dir)) if tok_dir else [])
+    dtype, dtype_source = resolve_dtype(cfg.dtype, cfg.run_meta.get("dtype"), numerics)
+    mode, mode_source = resolve_logprobs_mode(cfg.logprobs_mode, numerics)
+    ids_from, unmapped = _token_ids_note(pr.dialect, cfg.tokenizer)
+    labels = {k: v for k, v in cfg.run_meta.items() if k not in ("cache", "dtype")}
+    return base_run(
+        target=cfg.url,
+        dialect=pr.dialect,
+        dialect_reason=pr.reason,
+        engine=pr.engine,
+        model=cfg.model or pr.model,
+        tokenizer=cfg.tokenizer or pr.tokenizer or None,
+        eos_token_ids=eos,
+        dtype=dtype,
+        dtype_source=dtype_source,
+        logprobs_mode=mode,
+        logprobs_mode_source=mode_source,
+        concurrency=cfg.concurrency,
+        sampling=sampling(specs, cfg.stream),
+        cache={"reported_by": CACHE_FIELD.get(pr.dialect, "unknown"), "setting": cfg.run_meta.get("cache", "unknown")},
+        token_ids=ids_from,
+        token_ids_unmapped=unmapped,
+        arrival=cfg.arrival if rate is None else {"poisson_rate_per_s": rate, "seed": cfg.seed},
+        repeat=cfg.repeat,
+        timeout_s=cfg.timeout_s,
+        prompts={"path": cfg.prompts, "sha256": sha256_file(cfg.prompts), "n": n_prompts},
+        **labels,
+    )

@@ -22,7 +22,7 @@ from tracekit.store import TraceReader
 from ..capture_run import CaptureConfig, plan_requests, run_capture
 from ..prompts import load_prompts
 from . import engines
-from .lifecycle import completion_check, lifecycle_checks, metrics_snapshot, reuse_check
+from .lifecycle import completion_check, lifecycle_checks, reuse_check
 from .spec import Matrix
 
 
@@ -31,7 +31,8 @@ def log(msg: str) -> None:
 
 
 def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode: str):
-    """One capture; returns (table or None, error text, planned request count)."""
+    """One capture; returns (table or None, error text, planned request count, the engine's
+    prefix-cache counters around it as the capture recorded them, or None)."""
     s = m.settings
     ps = m.prompt_set(cell.prompts)
     planned = len(load_prompts(ps.path)) * s.repeats
@@ -60,9 +61,9 @@ def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode:
     try:
         run_capture(cfg)
     except TracekitError as e:
-        return None, str(e), planned
+        return None, str(e), planned, None
     with TraceReader(out) as r:
-        return r.requests, "", planned
+        return r.requests, "", planned, r.meta.run.get("prefix_cache_counters")
 
 
 def _specs(m: Matrix, cell: Cell):
@@ -102,16 +103,14 @@ def _probe(serial: Path, table, specs) -> tuple[int, dict | None]:
 def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str, planned: int) -> CellRecord:
     t0 = time.perf_counter()
     key = m.target(cell.target).api_key()
-    before = _snapshot(eng.url, key)
-    table, err, _ = _capture(m, eng.url, cell, rd.path(rd.burst_rel(cell.id)), cell.concurrency, "burst")
-    after = _snapshot(eng.url, key)
+    table, err, _, counters = _capture(m, eng.url, cell, rd.path(rd.burst_rel(cell.id)), cell.concurrency, "burst")
     specs = _specs(m, cell)
     k = m.settings.cancel_streams or min(cell.concurrency, len(specs))
     probe_i, baseline = _probe(rd.path(rd.serial_rel(cell.group_id)), base_table, specs)
     checks = [
         completion_check("completion_serial", base_table, planned, base_err),
         completion_check("completion_burst", table, planned, err),
-        reuse_check(table, cell.prefix_cache, before, after),
+        reuse_check(table, cell.prefix_cache, counters),
     ]
     ready = m.target(cell.target).ready_path
     checks += lifecycle_checks(
@@ -142,12 +141,6 @@ def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str,
     return out
 
 
-def _snapshot(url: str, api_key: str | None) -> dict[str, float] | None:
-    import asyncio
-
-    return asyncio.run(metrics_snapshot(url, api_key))
-
-
 def _failed_cells(cells: list[Cell], rd: RunDir, why: str) -> list[CellRecord]:
     outs = [CellRecord(c, None, None, (Check("engine_start", "fail", why[:500]),)) for c in cells]
     for o in outs:
@@ -170,7 +163,7 @@ def _run_engine(m: Matrix, cells: list[Cell], rd: RunDir) -> tuple[list[CellReco
         for gid, group in groupby(cells, key=lambda c: c.group_id):
             group = list(group)
             serial = rd.path(rd.serial_rel(gid))
-            base, err, planned = _capture(m, eng.url, group[0], serial, 1, "serial")
+            base, err, planned, _ = _capture(m, eng.url, group[0], serial, 1, "serial")
             log(f"  {gid}: serial baseline {'ok' if base is not None else 'FAILED: ' + err}")
             outs += [_run_cell(m, eng, c, rd, base, err, planned) for c in group]
     finally:

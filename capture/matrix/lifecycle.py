@@ -3,9 +3,10 @@
 - completion: every request of the serial baseline and of the burst is `ok`.
 - prefix_cache: with the cache on, the burst re-sends prompts the baseline
   already sent, so reuse is expected: cached_tokens > 0 (or the engine's hit
-  counter moved). With it off, no reuse may be reported.
+  counter moved over the burst, as the capture recorded it in the run metadata's
+  `prefix_cache_counters`). With it off, no reuse may be reported.
 - cancel_drain: K streams disconnected after a few tokens; the engine's
-  /metrics (its family's gauges, metrics.py) must show no running or waiting
+  /metrics (its family's gauges, capture/metrics.py) must show no running or waiting
   request within a timeout; skipped, with the reason, without such gauges.
 - cancel_then_match: a probe request sent after the drain must return the
   token ids of (a) the same request sent just before the disconnects and
@@ -37,9 +38,9 @@ from tracekit.schema import RequestTable
 from .. import dialects
 from ..client import Clock, make_session, send
 from ..dialects import RequestSpec
+from ..metrics import delta, family_of, fetch, unknown_family, value
 from ..probe import probe
 from ..sse import SSEDecoder
-from .metrics import delta, family_of, parse_metrics, unknown_family, value
 
 
 def completion_check(name: str, table: RequestTable | None, planned: int, error: str = "") -> Check:
@@ -53,10 +54,16 @@ def completion_check(name: str, table: RequestTable | None, planned: int, error:
 
 
 def prefix_cache_check(
-    table: RequestTable | None, cache_on: bool, reuse_delta: float | None, counter: str | None, why_none: str = ""
+    table: RequestTable | None,
+    cache_on: bool,
+    reuse_delta: float | None,
+    counter: str | None,
+    why_none: str = "",
+    queries_delta: float | None = None,
 ) -> Check:
     """Reuse seen in the burst: per-request cached_tokens, else the engine's reuse counter
-    (`counter`, its delta over the burst). Skip, with the reason, when the engine reports neither."""
+    (`counter`, its delta over the burst; `queries_delta`: the prompt tokens looked up meanwhile).
+    Skip, with the reason, when the engine reports neither."""
     if table is None or not len(table):
         return Check("prefix_cache", "skip", "no burst rows to inspect")
     ct = table.cached_tokens[table.status == "ok"]
@@ -68,6 +75,7 @@ def prefix_cache_check(
         "mean_cached_tokens": float(known.mean()) if len(known) else None,
         "counter": counter,
         "counter_delta": reuse_delta,
+        "counter_queries_delta": queries_delta,
     }
     if not len(known) and reuse_delta is None:
         why = why_none or f"the engine's metrics have no prefix-reuse counter ({counter or 'none known'})"
@@ -75,6 +83,8 @@ def prefix_cache_check(
     reused = int(np.sum(known > 0)) if len(known) else 0
     hit = reused > 0 or (reuse_delta or 0) > 0
     moved = f"{counter} +{reuse_delta:g}" if reuse_delta is not None else "no reuse counter"
+    if reuse_delta is not None and queries_delta is not None:
+        moved += f" of {queries_delta:g} prompt tokens looked up"
     if cache_on:
         return Check(
             "prefix_cache",
@@ -90,25 +100,12 @@ def prefix_cache_check(
     )
 
 
-def reuse_check(table: RequestTable | None, cache_on: bool, before: dict | None, after: dict | None) -> Check:
-    """prefix_cache with the reuse counter of the engine's family, read before and after the burst."""
-    fam = family_of(after)
-    counter = fam.reuse if fam else None
-    why = "" if fam else unknown_family(after)
-    return prefix_cache_check(table, cache_on, delta(before, after, counter), counter, why)
-
-
-async def _metrics(session: aiohttp.ClientSession, base: str) -> dict[str, float] | None:
-    try:
-        async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            return parse_metrics(await r.text()) if r.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return None
-
-
-async def metrics_snapshot(url: str, api_key: str | None = None) -> dict[str, float] | None:
-    async with make_session(1, 10, api_key) as s:
-        return await _metrics(s, url.rstrip("/"))
+def reuse_check(table: RequestTable | None, cache_on: bool, counters: dict | None) -> Check:
+    """prefix_cache with the engine's counters as the burst's capture recorded them around itself
+    (run metadata `prefix_cache_counters`, capture/metrics.py: prefix_counters)."""
+    c = counters or {}
+    why = c.get("why") or ("" if counters else "the capture recorded no engine counters")
+    return prefix_cache_check(table, cache_on, c.get("hits_delta"), c.get("hits"), why, c.get("queries_delta"))
 
 
 async def _stream_then_disconnect(session, base: str, dialect, spec: RequestSpec, n_tokens: int) -> dict:
@@ -135,7 +132,7 @@ async def _stream_then_disconnect(session, base: str, dialect, spec: RequestSpec
 async def _drain(session, base: str, timeout_s: float, before: dict | None) -> Check:
     """Wait until the engine's running and waiting gauges (its family's exact names) reach 0."""
     t0 = time.perf_counter()
-    m = await _metrics(session, base)
+    m = await fetch(session, base)
     fam = family_of(m)
     if fam is None:
         return Check("cancel_drain", "skip", f"no running-requests gauge to watch: {unknown_family(m)}")
@@ -149,7 +146,7 @@ async def _drain(session, base: str, timeout_s: float, before: dict | None) -> C
         if idle or waited > timeout_s:
             break
         await asyncio.sleep(0.05)
-        m = await _metrics(session, base) or m
+        m = await fetch(session, base) or m
     cancelled = delta(before, m, fam.cancelled)
     ev = {
         "family": fam.name,
@@ -282,7 +279,7 @@ async def _lifecycle(
         d = dialects.get(pr.dialect)
         specs = [dataclasses.replace(s, model=pr.model or s.model, extra={**pr.extra_body, **s.extra}) for s in specs]
         clock = Clock()
-        before_m = await _metrics(session, base)
+        before_m = await fetch(session, base)
         o1, acc1 = await send(session, base, d, specs[probe_i], clock)
         cancels = await asyncio.gather(
             *[_stream_then_disconnect(session, base, d, specs[i % len(specs)], after_tokens) for i in range(k_cancel)]

@@ -74,6 +74,14 @@ def test_serial_and_concurrent_captures_agree_in_fp32(engine, tmp_path):
         assert run["logprobs_mode"] == "raw_logprobs" and run["sampling"]["max_tokens"] == 32
         # The reference engine gives every piece of evidence: no pitfall (capture/pitfalls.py).
         assert run["pitfalls"] == [] and b.meta.run["pitfalls"] == []
+        # The engine's /metrics counters around each capture, which alone used the engine: its hit
+        # counter moved by the requests' cached tokens, its query counter by their prompt tokens.
+        for t in (a, b):
+            c = t.meta.run["prefix_cache_counters"]
+            assert (c["family"], c["hits"]) == ("tracekit", "tracekit:prefix_cache_hits_total")
+            assert (
+                c["hits_delta"] == t.requests.cached_tokens.sum() and c["queries_delta"] == t.requests.prompt_len.sum()
+            )
         assert b.meta.run["concurrency"] == 8
         ia, ib = a.requests.index_by_key(), b.requests.index_by_key()
         assert set(ia) == set(ib) and len(ia) >= 8

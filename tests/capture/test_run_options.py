@@ -220,3 +220,14 @@ def _wait_for_row(out: Path, proc: subprocess.Popen, key: str, timeout: float = 
                 pass
         time.sleep(0.05)
     raise AssertionError(f"{out}: no ok row {key!r} (capture exit code {proc.poll()})")
+
+
+def test_an_engine_without_metrics_records_why(capture_to):
+    """The engine's prefix-cache counters around the run (run.prefix_cache_counters): the replay
+    server serves no /metrics, and the run says so instead of recording a 0."""
+    with ReplayServer(routes_for("vllm")) as srv:
+        s, out = capture_to(srv.url, [{"id": "a", "prompt": "x"}])
+    with TraceReader(out) as r:
+        c = r.meta.run["prefix_cache_counters"]
+    assert c == {"family": None, "hits_delta": None, "queries_delta": None, "why": "the engine serves no /metrics"}
+    assert s.as_dict()["prefix_cache_counters"] == c

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from capture.client import make_session
 from capture.matrix.lifecycle import _drain, prefix_cache_check, reuse_check
-from capture.matrix.metrics import delta, family_of, parse_metrics
+from capture.metrics import delta, family_of, parse_metrics, prefix_counters
 from tracekit.schema import RequestTable
 
 SAMPLES = {
@@ -54,7 +54,7 @@ def test_a_suffix_never_matches_another_counter():
     after = parse_metrics(text.replace(" 50", " 80"))
     fam = family_of(after)
     assert fam.name == "vllm" and delta(before, after, fam.reuse) is None
-    check = reuse_check(_fill(2, [-1, -1]), True, before, after)
+    check = reuse_check(_fill(2, [-1, -1]), True, prefix_counters(before, after))
     assert check.status == "skip" and "vllm:prefix_cache_hits_total" in check.summary
 
 
@@ -76,13 +76,45 @@ def test_reuse_counter_of_each_family_decides_prefix_cache_without_cached_tokens
     ):
         before = parse_metrics(SAMPLES[name])
         after = dict(before, **{counter: before[counter] + 32})
-        check = reuse_check(_fill(2, [-1, -1]), True, before, after)
+        check = reuse_check(_fill(2, [-1, -1]), True, prefix_counters(before, after))
         assert check.status == "pass" and f"{counter} +32" in check.summary, check
+
+
+@pytest.mark.parametrize(
+    "name,queries",
+    [
+        ("tracekit", {"tracekit:prefix_cache_queries_total": 100}),
+        ("vllm", {"vllm:prefix_cache_queries_total": 100}),
+        ("sglang", {"sglang:prompt_tokens_total": 100}),  # every prompt token, the cached ones included
+        ("llamacpp", {"llamacpp:prompt_tokens_total": 68}),  # the processed ones only: + the 32 cached
+    ],
+)
+def test_prefix_counters_give_hits_and_queries_in_tokens(name, queries):
+    """What a capture records around itself (run.prefix_cache_counters): 32 prompt tokens reused
+    of 100 looked up, on every family's own names."""
+    before = {**parse_metrics(SAMPLES[name]), **dict.fromkeys(queries, 1000.0)}
+    fam = family_of(before)
+    after = {**before, fam.reuse: before[fam.reuse] + 32, **{k: 1000.0 + v for k, v in queries.items()}}
+    c = prefix_counters(before, after)
+    assert (c["family"], c["hits"], c["hits_delta"], c["queries_delta"]) == (name, fam.reuse, 32, 100), c
+    check = reuse_check(_fill(2, [-1, -1]), True, c)
+    assert check.status == "pass" and "+32 of 100 prompt tokens looked up" in check.summary
+
+
+def test_no_metrics_or_no_family_is_said():
+    assert prefix_counters(None, None) == {
+        "family": None,
+        "hits_delta": None,
+        "queries_delta": None,
+        "why": "the engine serves no /metrics",
+    }
+    check = reuse_check(_fill(2, [-1, -1]), True, prefix_counters(None, None))
+    assert check.status == "skip" and "the engine serves no /metrics" in check.summary
 
 
 def test_tgi_without_a_reuse_counter_is_skipped_with_the_reason():
     m = parse_metrics(SAMPLES["tgi"])
-    check = reuse_check(_fill(2, [-1, -1]), True, m, m)
+    check = reuse_check(_fill(2, [-1, -1]), True, prefix_counters(m, m))
     assert check.status == "skip" and "no prefix-reuse counter" in check.summary
 
 

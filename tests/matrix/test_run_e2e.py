@@ -69,6 +69,12 @@ def test_report_flags_the_faulty_cell_and_passes_the_healthy_ones(run_dir):
         if c["dtype"] == "fp32":  # FP32 controls: serial == concurrent, N/N
             assert c["equality"] == "8/8", c
         assert c["perf"]["tokens_per_s"] > 0 and c["perf"]["ttft_ms_p50"] > 0
+        # Each burst capture recorded the engine's counters around itself; the reference engine
+        # gives every piece of evidence, so no capture warned of a pitfall.
+        reuse = c["prefix_reuse"]
+        assert reuse["counters"]["family"] == "tracekit" and reuse["cached_reported"] == 8, reuse
+        assert (reuse["counters"]["hits_delta"] > 0) == (c["prefix_cache"] and reuse["reused"] > 0)
+        assert c["pitfalls"] == []
     md = (run_dir / "report" / "report.md").read_text()
     assert f"**{FAULT}**" in md and "**FAIL**" in md and "8/9 cells pass" in md
 
@@ -83,9 +89,13 @@ def test_checks_keep_their_evidence(run_dir):
     assert h["cancel_drain"]["evidence"]["cancelled_counter_delta"] == 8  # every dropped stream was seen
     assert h["cancel_drain"]["evidence"]["running"] == 0
     assert h["prefix_cache"]["evidence"]["reused"] == 8  # burst re-sent cached prompts
+    # ... and the engine's hit counter, as the burst's capture recorded it, moved as much.
+    assert h["prefix_cache"]["evidence"]["counter"] == "tracekit:prefix_cache_hits_total"
+    assert h["prefix_cache"]["evidence"]["counter_delta"] > 0
     assert h["bad_request"]["evidence"]["http_status"] == 400
     off = json.loads((run_dir / "cells/ref.fp32.cache-off.cpu_small.out32.c4/checks.json").read_text())["checks"]
-    assert next(c for c in off if c["name"] == "prefix_cache")["evidence"]["reused"] == 0
+    off_cache = next(c for c in off if c["name"] == "prefix_cache")["evidence"]
+    assert off_cache["reused"] == 0 and off_cache["counter_delta"] == 0
 
 
 def test_manifest_hashes_every_file_and_records_the_engines(run_dir):

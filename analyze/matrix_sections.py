@@ -1,0 +1,105 @@
+"""The parts of the matrix report page (analyze/matrix_report.py) that describe the run rather
+than its cells: what A and B are, the pair table's legend, the pitfalls each capture warned of,
+the setup (tool, host, engines) and the plots. Text only; reads nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from tracekit.rundir import Manifest
+
+AB_TEXT = (
+    "**A and B.** In every cell A is the serial baseline (one request at a time, "
+    "`groups/<group>/serial.h5`) and B the concurrent burst (every prompt sent at t=0, at most "
+    "`conc` in flight, `cells/<cell>/burst.h5`), both sent to the same engine process: same engine, "
+    "dtype and prefix-cache setting, so A and B differ in concurrency and, with the cache on, in "
+    "which prefixes the engine had already cached (B re-sends prompts that A cached)."
+)
+PAIR_LEGEND = (
+    "Columns: `pos` is the first differing generated position; `gap` is the logprob gap between "
+    "the two competing tokens at `pos` in each trace (A: A's token over B's, B: the reverse), in "
+    "nats and in ULPs of the run's grid (raw logits); `reused prefix` is each request's reported "
+    "`cached_tokens` (-1: not reported; the cell table's `reuse` then gives the engine's /metrics "
+    "hit counter over the burst); `drift before` is the max |Δ chosen logprob| before `pos` (nats); "
+    "`rule` is why the class applies (docs/analysis.md); `teacher-forced` is the replay cross-check when run."
+)
+
+
+def pitfalls(cells: Iterable[tuple[str, Mapping]]) -> list[str]:
+    """One line per pitfall any burst capture warned of (capture/pitfalls.py; the run metadata's
+    `pitfalls`), with the cells it applies to. cells: (cell id, its burst facts)."""
+    seen: dict[str, tuple[str, list[str]]] = {}
+    for cid, facts in cells:
+        for p in facts.get("pitfalls") or ():
+            seen.setdefault(p["code"], (p["message"], []))[1].append(cid)
+    if not seen:
+        return []
+    out = ["### Pitfalls warned at capture", ""]
+    for code, (message, cids) in seen.items():
+        where = ", ".join(cids[:4]) + (f" and {len(cids) - 4} more" if len(cids) > 4 else "")
+        out.append(f"- `{code}` ({where}): {message}")
+    return out + [""]
+
+
+def reuse(facts: Mapping) -> str:
+    """The burst's prefix reuse for the cell table: requests that reported reuse out of the ok
+    ones when the engine reports cached tokens per request; else the prompt tokens its /metrics
+    hit counter moved over the capture, of those looked up (run.prefix_cache_counters)."""
+    if not facts:
+        return ""
+    if facts.get("cached_reported"):
+        return f"{facts['reused']}/{facts['requests']} req"
+    c = facts.get("counters") or {}
+    if c.get("hits_delta") is None:
+        return "?"
+    looked = c.get("queries_delta")
+    return f"{c['hits_delta']:g}{'' if looked is None else f'/{looked:g}'} tok (/metrics)"
+
+
+def setup(man: Manifest | None) -> list[str]:
+    if man is None:
+        return ["(no manifest.json: the run did not finish; setup unknown)", ""]
+    host = man.host
+    out = [
+        "### Setup",
+        "",
+        f"- tool: {man.tool}, commit `{man.git_commit}`",
+        f"- command: `{man.command}`",
+        f"- host: {host.get('hostname')} ({host.get('platform')}, {host.get('cpus')} CPUs, "
+        f"Python {host.get('python')})",
+        f"- run: {man.started_utc} → {man.finished_utc}",
+    ]
+    for e in man.engines:
+        data = (e.self_report.get("v1_models") or {}).get("data") or [{}]
+        meta = (data[0] if isinstance(data[0], dict) else {}).get("meta") or {}
+        desc = ", ".join(
+            f"{k}={meta[k]}"
+            for k in ("engine", "version", "dtype", "attn", "slots", "prefix_cache", "inject_fault")
+            if k in meta
+        )
+        cmd = " ".join(e.command or ()) or e.url or ""
+        out.append(
+            f"- engine `{e.engine_id}`: `{cmd}`"
+            + (f" — self-report: {desc}" if desc else "")
+            + (f" — **did not start**: {e.error[:200]}" if e.error else "")
+        )
+    out.append(f"- {len(man.files)} files with sha256 in `manifest.json`")
+    return out + [""]
+
+
+def plot_lines(root: Path, plots: dict | None) -> list[str]:
+    if not plots:
+        return []
+    out = [
+        "### Plots",
+        "",
+        "The plots are PNG files beside this page (`report/` of the run directory). **Attach them** "
+        "to the PR or comment (drag the files in): the image links below are relative and show only "
+        "where this file is viewed next to them (a repository, a local viewer); they break once pasted.",
+        "",
+    ]
+    for name, rel in plots.items():
+        out.append(f"- `{rel}`: ![{name}]({Path(rel).relative_to('report').as_posix()})")
+    return out + [""]
