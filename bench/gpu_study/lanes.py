@@ -200,29 +200,51 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def memory_table(doc: dict, devices=(16.9e9, 80e9, 141e9)) -> str:
-    """Predicted (config) vs measured (allocator) memory per configuration, and lanes that fit."""
-    from tracekit.engine.memory import fits_lanes
+def memory_fit(doc: dict) -> dict | None:
+    """peak(N) = base + N x per_lane from the two configurations with the fewest and most slots
+    (the measured allocator peaks); None with fewer than two CUDA measurements."""
+    pts = sorted(
+        (r["slots"], r["meta_after_burst"]["device_peak_bytes"])
+        for r in doc["results"]
+        if r["meta_after_burst"].get("device_peak_bytes") is not None
+    )
+    if len(pts) < 2 or pts[0][0] == pts[-1][0]:
+        return None
+    (n0, p0), (n1, p1) = pts[0], pts[-1]
+    per_lane = (p1 - p0) / (n1 - n0)
+    return {"base_bytes": p0 - n0 * per_lane, "per_lane_bytes": per_lane}
 
+
+def lanes_that_fit(base: float, per_lane: float, device_bytes: float) -> int:
+    return max(0, min(999, int((device_bytes - base) // per_lane))) if per_lane > 0 else 999
+
+
+def memory_table(doc: dict, devices=(16.9e9, 80e9, 141e9)) -> str:
+    """Predicted (config: weights + N x KV per slot) vs measured (allocator peak) memory per
+    configuration, and how many lanes fit each device by the prediction and by the measured fit."""
+    g = lambda x: "?" if x is None else f"{x / 1e9:.2f}"  # noqa: E731
     lines = [
-        "| slots | KV/slot predicted GB | KV allocated GB | weights GB | peak measured GB | overhead GB | "
-        + " | ".join(f"lanes fitting {d / 1e9:g} GB" for d in devices)
-        + " |",
-        "|" + "---|" * (6 + len(devices)),
+        "| slots | KV/slot predicted GB | weights GB | predicted need GB | peak measured GB | measured ÷ predicted |",
+        "|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
         m = r["meta_after_burst"]
+        need = m["weights_bytes"] + r["slots"] * m["kv_bytes_per_slot"]
         peak = m.get("device_peak_bytes")
-        over = None if peak is None else peak - m["weights_bytes"] - m["kv_bytes_allocated"]
-        fit = []
-        for d in devices:
-            n = 0
-            while n < 999 and fits_lanes(m["weights_bytes"], m["kv_bytes_per_slot"], n + 1, int(d), over or 0)["fits"]:
-                n += 1
-            fit.append(str(n))
-        g = lambda x: "?" if x is None else f"{x / 1e9:.2f}"  # noqa: E731
+        ratio = "?" if peak is None else f"{peak / need:.2f}"
+        kv, w = g(m["kv_bytes_per_slot"]), g(m["weights_bytes"])
+        lines.append(f"| {r['slots']} | {kv} | {w} | {g(need)} | {g(peak)} | {ratio} |")
+    m = doc["results"][0]["meta_after_burst"]
+    fit = memory_fit(doc)
+    lines += ["", "| lanes that fit | " + " | ".join(f"{d / 1e9:g} GB" for d in devices) + " |"]
+    lines.append("|---|" + "---|" * len(devices))
+    pred = [lanes_that_fit(m["weights_bytes"], m["kv_bytes_per_slot"], d) for d in devices]
+    lines.append("| predicted (weights + N x KV/slot) | " + " | ".join(map(str, pred)) + " |")
+    if fit:
+        meas = [lanes_that_fit(fit["base_bytes"], fit["per_lane_bytes"], d) for d in devices]
         lines.append(
-            f"| {r['slots']} | {g(m['kv_bytes_per_slot'])} | {g(m['kv_bytes_allocated'])} | {g(m['weights_bytes'])} | "
-            f"{g(peak)} | {g(over)} | " + " | ".join(fit) + " |"
+            f"| measured fit ({g(fit['base_bytes'])} GB + N x {g(fit['per_lane_bytes'])} GB) | "
+            + " | ".join(map(str, meas))
+            + " |"
         )
     return "\n".join(lines)
