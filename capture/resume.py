@@ -120,4 +120,5 @@ def done(prev: Path | None, out: Path) -> None:
     """The new `<out>` was closed whole with every kept row: the moved-aside file can go."""
     if prev is not None:
         prev.unlink(missing_ok=True)
-    out.with_name(out.name + MERGE).unlink(missing_ok=True)
+    for left in (MERGE, MERGE + ".tmp"):  # a merge a kill interrupted (TraceWriter writes <name>.tmp first)
+        out.with_name(out.name + left).unlink(missing_ok=True)
