@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 
 from tracekit.errors import ConfigError
@@ -28,7 +29,7 @@ from tracekit.store import TraceWriter
 
 from . import dialects, metrics, resume, runmeta
 from .client import Clock, Outcome, RouteWatch, finish, make_session, prompt_ids_for, send
-from .dialects import RequestSpec
+from .dialects import RequestSpec, tgi
 from .pitfalls import Pitfalls, Watch, at_start
 from .postprocess import Post
 from .probe import probe
@@ -273,10 +274,26 @@ async def _setup(session, base: str, cfg: CaptureConfig, specs: list[RequestSpec
         specs = [dataclasses.replace(s, model=model, extra={**pr.extra_body, **s.extra}) for s in specs]
     for s in specs:
         dialect.body(s)  # a prompt the dialect cannot send is a ConfigError now, before any file exists
+    if pr.dialect == "tgi":
+        await _tgi_top_n(session, base, max((s.top_logprobs for s in specs), default=0))
     numerics = await runmeta.engine_numerics(session, base, pr.dialect, pr.engine)
     run = runmeta.build(cfg, pr, specs, n_prompts, rate, numerics)
     known_ids, run["prompt_ids"] = await prompt_ids_for(session, base, pr, specs, cfg.tokenizer)
     return pr, specs, run, known_ids
+
+
+async def _tgi_top_n(session, base: str, k: int) -> None:
+    """TGI refuses top_n_tokens above its --max-top-n-tokens and never says the limit: ask once
+    (dialects/tgi.py: top_n_probe), so a too large --top-logprobs stops here, not in every row."""
+    if not k:
+        return
+    try:
+        async with session.post(base + "/generate", json=tgi.top_n_probe(k)) as r:
+            refused = tgi.top_n_refusal(k, r.status, await r.text())
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return  # unreachable now: the requests will say so
+    if refused:
+        raise ConfigError(refused)
 
 
 async def _send_all(

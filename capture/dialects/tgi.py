@@ -1,8 +1,10 @@
 """Hugging Face TGI's `/generate` and `/generate_stream` routes.
 
 Asks with `parameters: {details: true, top_n_tokens: k, do_sample: false}`
-(TGI rejects temperature 0; greedy is `do_sample: false`; the server caps k
-with `--max-top-n-tokens`, 5 by default). Tokens: non-stream
+(TGI rejects temperature 0; greedy is `do_sample: false`). TGI **refuses** a k
+above its launcher's `--max-top-n-tokens` (5 by default) with a 422, it does not
+cap it, and `/info` does not report the limit: `top_n_probe` asks it before a
+capture starts. Tokens: non-stream
 `details.tokens[].{id, text, logprob, special}` and `details.top_tokens[][]`;
 stream events `{index, token{...}, top_tokens[], generated_text, details}` with
 text and details only on the last event, which ends the stream (no `[DONE]`).
@@ -12,6 +14,7 @@ ignore-EOS switch; prompts must be text.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tracekit.errors import ConfigError, ResponseShapeError
@@ -76,3 +79,22 @@ class TGIGenerate:
 def _finish(reason: str) -> str:
     # TGI says eos_token / stop_sequence / length.
     return {"eos_token": "stop", "stop_sequence": "stop"}.get(reason, reason)
+
+
+def top_n_probe(k: int) -> dict[str, Any]:
+    """A /generate body that asks TGI whether it allows top_n_tokens k and generates nothing:
+    router/src/validation.rs checks top_n_tokens before it refuses the empty input, so the 422
+    names top_n_tokens when k is above --max-top-n-tokens, else the empty input."""
+    return {"inputs": "", "parameters": {"max_new_tokens": 1, "do_sample": False, "top_n_tokens": k}}
+
+
+def top_n_refusal(k: int, status: int, text: str) -> str | None:
+    """What to tell the user when TGI's answer to top_n_probe(k) refuses k; None otherwise."""
+    if status != 422 or "top_n_tokens" not in text:
+        return None
+    m = re.search(r"<= (\d+)", text)
+    most = f"--top-logprobs {m.group(1)} or less" if m else "a smaller --top-logprobs"
+    return (
+        f"TGI refuses top_n_tokens {k} (above its --max-top-n-tokens; it rejects such requests, it does not "
+        f"cap them): capture with {most}, or start TGI with --max-top-n-tokens {k}"
+    )
