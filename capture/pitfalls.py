@@ -139,8 +139,8 @@ class Watch:
             self.warn(
                 "topk_capped",
                 f"the engine returned at most {w} top-k candidates a token where {k} were asked: it caps "
-                "top_logprobs (vLLM --max-logprobs, TGI --max-top-n-tokens); a flip beyond the first "
-                f"{w} candidates has no evidence in the trace",
+                "top_logprobs (vLLM and TGI refuse more than --max-logprobs / --max-top-n-tokens instead); "
+                f"a flip beyond the first {w} candidates has no evidence in the trace",
             )
 
     def finish(self) -> None:

@@ -74,7 +74,7 @@ def test_greedy_requests_with_neutral_fields_are_not_warned(capture_to, capsys):
 
 
 def test_an_engine_capped_top_k(capture_to, capsys):
-    """8 asked, the engine sends 5 (vLLM --max-logprobs, TGI --max-top-n-tokens)."""
+    """8 asked, the engine sends 5: an engine that caps silently (vLLM and TGI refuse instead: 400 / 422)."""
     found, warns = _capture(capture_to, capsys, "vllm", top_logprobs=8, tokenizer=TOKENIZER)
     assert "at most 5 top-k candidates a token where 8 were asked" in _said_once(found, warns, "topk_capped")
     found, _ = _capture(capture_to, capsys, "vllm", top_logprobs=5, tokenizer=TOKENIZER)
