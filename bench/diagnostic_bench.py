@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.gpu_study.models import CONFIGS as PUBLISHED  # noqa: E402
 from capture.teacher.diagnostic import DiagnosticConfig  # noqa: E402
 from capture.teacher.graphs import STATS as GRAPH_STATS  # noqa: E402
 from capture.teacher.history import parse_histories  # noqa: E402
@@ -42,7 +43,18 @@ from tracekit.dtypes import torch_dtype  # noqa: E402
 
 PEAK_BF16_FLOPS = 768e12
 
-# Real Qwen3 config values (Qwen/Qwen3-0.6B and Qwen/Qwen3-4B config.json); weights are random.
+# Real Qwen3 config values: the architecture fields of bench/gpu_study/models.py's published
+# configs (one home); weights are random. COMMON holds the rest (the same values).
+_ARCH = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 CONFIGS = {
     "tiny": dict(
         vocab_size=2048,
@@ -54,26 +66,7 @@ CONFIGS = {
         head_dim=32,
         tie_word_embeddings=True,
     ),
-    "qwen3-0.6b": dict(
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-4b": dict(
-        vocab_size=151936,
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        tie_word_embeddings=True,
-    ),
+    **{name: {k: PUBLISHED[name][k] for k in _ARCH} for name in ("qwen3-0.6b", "qwen3-4b")},
 }
 COMMON = dict(max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, eos_token_id=0)
 
