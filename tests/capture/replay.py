@@ -9,7 +9,13 @@ mid-event, chunked body unfinished), cleancut (body ends cleanly in the middle
 of an event), nodone (no end marker), badjson, badshape (valid JSON of an unknown
 shape), errorevent, stall (half the body, then nothing until the server stops, or
 for `stall_s` seconds), reset (TCP RST), badfinish (a finish reason over 16 bytes, not
-ASCII), surrogate (an error event whose message holds a lone surrogate).
+ASCII), surrogate (an error event whose message holds a lone surrogate), 400 (a
+refused request), drop (the connection closed before any response byte, the first
+time this prompt text arrives: its retry is served), dropall (the same, every
+time), closeafter (this connection closed right after its response, keep-alive
+promised: the next request written to it may be lost and retried), slow (the body
+in pieces `slow_s` apart). Text after the kind ("FAULT:drop k17") makes prompts
+distinct.
 
 Server-wide faults (constructor options): `drop_kept_alive` closes a kept-alive
 connection when the next request arrives on it, before any response byte (what a
@@ -102,10 +108,12 @@ class ReplayServer:
         drop_kept_alive: bool = False,
         not_ready: int = 0,
         close_after_response: bool = False,
+        slow_s: float = 0.002,
     ):
         self.routes, self.seed, self.max_piece, self.stall_s = routes, seed, max_piece, stall_s
         self.drop_kept_alive, self.not_ready = drop_kept_alive, not_ready
-        self.close_after_response = close_after_response
+        self.close_after_response, self.slow_s = close_after_response, slow_s
+        self._dropped_texts: set[str] = set()  # prompt texts the `drop` fault has dropped once
         self.requests: list[dict] = []  # every POST body and its Authorization header
         self.armed = True  # False: FAULT: prompts are served normally
         self.dropped = 0  # requests lost to drop_kept_alive
@@ -203,6 +211,15 @@ class ReplayServer:
             return web.json_response(
                 {"error": {"message": "injected failure", "type": "server_error", "code": 500}}, status=500
             )
+        if fault == "400":
+            return web.json_response(
+                {"error": {"message": "injected bad request", "type": "BadRequestError", "code": 400}}, status=400
+            )
+        if fault == "dropall" or (fault == "drop" and text not in self._dropped_texts):
+            self._dropped_texts.add(text)
+            self.dropped += 1
+            request.transport.close()  # FIN before any response byte (the body was read: no RST)
+            return web.Response(status=204)  # never reaches the client
         self._n += 1
         rng = random.Random(self.seed * 1000 + self._n)
         # The recorded headers, minus framing (aiohttp frames the re-chunked body itself).
@@ -216,7 +233,7 @@ class ReplayServer:
             payload = payload[: len(payload) // 2]
         for piece in _split(payload, rng, self.max_piece):
             await resp.write(piece)
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.slow_s if fault == "slow" else 0)
         if fault == "stall":
             if self.stall_s is None:
                 await self._release.wait()  # until the server stops
@@ -234,7 +251,7 @@ class ReplayServer:
             await resp.write_eof()
         except ConnectionError:
             pass  # the client gave up (a stall past its timeout)
-        if self.close_after_response:
+        if self.close_after_response or fault == "closeafter":
             request.transport.close()  # FIN after the last chunk, the headers having promised keep-alive
         return resp
 
