@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from capture_helpers import write_prompts
+from capture_helpers import wait_ok_rows, write_prompts
 from replay import ReplayServer, routes_for
 
 from tracekit.errors import TracekitError
@@ -135,24 +134,6 @@ def _capture_cmd(url: str, pf: str, out, *extra: str) -> list[str]:
     ]
 
 
-def _wait_rows(out: Path, proc: subprocess.Popen, keys: set[str], timeout: float = 60.0) -> None:
-    """Until the running capture's trace holds an ok row for each key (its writer flushed them).
-    Polls the file (a live trace opens for reading while its writer runs); AssertionError after
-    `timeout` s or when the capture exits first: a hang or a crash, never a slow machine."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists():
-            try:
-                with TraceReader(out) as r:
-                    have = {r.requests.key[i] for i in range(len(r)) if r.requests.status[i] == "ok"}
-            except Exception:  # created but not yet readable: the writer is starting
-                have = set()
-            if keys <= have:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"{out}: rows {sorted(keys)} not written (capture exit code {proc.poll()})")
-
-
 def test_interrupt_leaves_cancelled_rows(tmp_path):
     """SIGINT while one request stalls: in-flight requests become `cancelled` rows, finished ones
     stay. The stall lasts until the server stops, and SIGINT goes out only once the server holds
@@ -167,7 +148,7 @@ def test_interrupt_leaves_cancelled_rows(tmp_path):
             text=True,
         )
         srv.wait_requests(2)
-        _wait_rows(out, p, {"a"})
+        wait_ok_rows(out, p, {"a"})
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
@@ -186,7 +167,7 @@ def test_sigkill_then_resume(tmp_path):
         cmd = _capture_cmd(srv.url, pf, out, "--concurrency", "4")
         p = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
         srv.wait_requests(4)
-        _wait_rows(out, p, {"a0", "a1", "a2"})  # the three quick requests are flushed; "s" stalls
+        wait_ok_rows(out, p, {"a0", "a1", "a2"})  # the three quick requests are flushed; "s" stalls
         p.kill()
         p.wait(10)
         with TraceReader(out) as r:

@@ -10,12 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from capture_helpers import TOKENIZER, write_prompts
+from capture_helpers import TOKENIZER, wait_ok_rows, write_prompts
 from replay import ReplayServer, Transcript, load, routes_for
 
 from tracekit.errors import ConfigError
@@ -197,29 +196,13 @@ def test_ctrl_c_says_how_to_complete_the_run(tmp_path):
             text=True,
         )
         srv.wait_requests(2)
-        _wait_for_row(out, p, "a")
+        wait_ok_rows(out, p, {"a"})
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     line = err.strip().splitlines()[-1]
     assert line.startswith(f"Interrupted: {out} keeps every finished request") and line.endswith("--resume")
     assert f"tracekit capture --http {srv.url}" in line and "Aborted." not in err
-
-
-def _wait_for_row(out: Path, proc: subprocess.Popen, key: str, timeout: float = 60.0) -> None:
-    """Until the running capture's trace holds an ok row for `key`; AssertionError after `timeout`
-    s or when the capture exits first (a hang or a crash, not a slow machine)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists():
-            try:
-                with TraceReader(out) as r:
-                    if any(r.requests.key[i] == key and r.requests.status[i] == "ok" for i in range(len(r))):
-                        return
-            except Exception:  # created but not yet readable: the writer is starting
-                pass
-        time.sleep(0.05)
-    raise AssertionError(f"{out}: no ok row {key!r} (capture exit code {proc.poll()})")
 
 
 def test_an_engine_without_metrics_records_why(capture_to):
