@@ -232,7 +232,10 @@ class ReplayServer:
         if fault in ("cut", "reset", "stall"):
             payload = payload[: len(payload) // 2]
         for piece in _split(payload, rng, self.max_piece):
-            await resp.write(piece)
+            try:
+                await resp.write(piece)
+            except ConnectionError:  # the client gave up mid-body (it read a bad event): nothing to log
+                return resp
             await asyncio.sleep(self.slow_s if fault == "slow" else 0)
         if fault == "stall":
             if self.stall_s is None:
