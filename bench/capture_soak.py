@@ -250,7 +250,14 @@ def check_rows(out: Path, kinds: dict, seen: list[str]) -> dict:
     """Per key: exactly one row, the kind's status, sightings and attempts, right tokens."""
     exp = expected()
     sightings = Counter(key_of(t) for t in seen)
-    res = {"wrong_status": [], "wrong_sightings": [], "wrong_tokens": [], "retried": 0, "retried_after_reuse": 0}
+    res = {
+        "wrong_status": [],
+        "wrong_sightings": [],
+        "wrong_tokens": [],
+        "retried": 0,
+        "retried_after_reuse": 0,
+        "status_by_key": {},
+    }
     with TraceReader(out) as r:
         keys = list(r.requests.key)
         per_key = Counter(keys)
@@ -263,6 +270,7 @@ def check_rows(out: Path, kinds: dict, seen: list[str]) -> dict:
             if key not in kinds:
                 continue
             kind, rec = kinds[key], r.record(i)
+            res["status_by_key"][key] = (rec.status, rec.http_status)
             e, n = KINDS[kind], attempts_of(rec.error)
             res["retried"] += n > 1
             res["retried_after_reuse"] += n > 1 and kind not in ("drop", "dropall")  # lost to a closed connection
@@ -346,6 +354,7 @@ def main() -> None:
         problems += [f"{name}: {x}" for x in res[name]]
         res[name] = len(res[name])
     res["problems"] = problems[:20]
+    del res["status_by_key"]  # one entry a request: for the tests, not the summary
     if args.json:
         print(json.dumps(res, indent=2))
     else:
