@@ -263,19 +263,47 @@ def finish(outcome: Outcome, acc: Acc, k: int, raw_logits: bool, to_ids) -> Outc
 
 
 # ---- prompt token ids for text prompts the engine does not echo (issue 13) ---------------------
-# Where a response carries the prompt's ids (vLLM's prompt_token_ids), those win per row. For the
-# others the run asks, once per distinct text before any request is sent: the engine's own
-# tokenizer endpoint (exactly what it will run), else the local --tokenizer (may differ from the
-# engine's), else nothing (prompt_len -1). The run metadata says which (`prompt_ids`).
+# Where a response carries the prompt's ids (vLLM's prompt_token_ids, SGLang's with
+# return_prompt_token_ids), those win per row. For the others the run asks, once per distinct text
+# before any request is sent: the engine's own tokenizer endpoint (exactly what it will run), else
+# the local --tokenizer (may differ from the engine's), else nothing (prompt_len -1). The run
+# metadata says which (`prompt_ids`).
+
+
+def _ids_list(obj):
+    return obj.get("tokens") if isinstance(obj, dict) else None
+
+
+def _tgi_ids(obj):
+    return [t.get("id") for t in obj] if isinstance(obj, list) and all(isinstance(t, dict) for t in obj) else None
+
+
+# engine -> (route, body for one text, ids from the answer), read in each engine's source:
 _TOKENIZE = {
-    # engine -> (route, body for one text, ids from the answer). llama.cpp's completion routes
-    # tokenize with add_special and parse_special on (tools/server: tokenize_input_prompts(..., true,
-    # true)); its /tokenize defaults add_special to false, so both are sent.
+    # llama.cpp 0c1e570: its completion routes tokenize with add_special and parse_special on
+    # (tools/server: tokenize_input_prompts(..., true, true)); its /tokenize defaults add_special to
+    # false, so both are sent. Answer {"tokens": [ids]}.
     "llamacpp": (
         "/tokenize",
         lambda text: {"content": text, "add_special": True, "parse_special": True},
-        lambda obj: obj["tokens"] if isinstance(obj, dict) else None,
+        _ids_list,
     ),
+    # SGLang 0.5.23: POST /tokenize (= /v1/tokenize) takes TokenizeRequest {prompt, add_special_tokens
+    # (default true)} and answers TokenizeResponse {tokens, count, max_model_len}
+    # (sglang/srt/entrypoints/openai/protocol.py, serving_tokenize.py); /generate encodes text with
+    # the tokenizer's defaults, special tokens added (sglang/srt/managers/tokenizer_manager.py
+    # _tokenize_texts), so the same ids. Only for an SGLang whose /generate does not echo them.
+    "sglang": ("/tokenize", lambda text: {"prompt": text, "add_special_tokens": True}, _ids_list),
+    # TGI v3.3.7 (db931fcf): POST /tokenize takes a GenerateRequest {inputs} and answers a JSON list
+    # of SimpleToken {id, text, start, stop} (router/src/server.rs tokenize, encoding_to_tokens;
+    # router/src/lib.rs TokenizeResponse). add_special_tokens is no request field (serde skip,
+    # default true), as for /generate: the same ids. Without a fast tokenizer: 404.
+    "tgi": ("/tokenize", lambda text: {"inputs": text}, _tgi_ids),
+}
+
+_ECHO = {  # dialect -> the response field that carries the prompt's ids, when the engine echoes them
+    "vllm": "the response's prompt_token_ids",
+    "sglang": "the response's prompt_token_ids (SGLang's return_prompt_token_ids)",
 }
 
 
@@ -284,29 +312,37 @@ async def prompt_ids_for(session: aiohttp.ClientSession, base_url: str, pr, spec
     `prompt_ids`). `pr` is the probe's result (its dialect and engine). Never raises for the
     engine's answers: an endpoint that fails falls back to the tokenizer, then to nothing."""
     texts = [s.prompt for s in specs if isinstance(s.prompt, str)]
+    if not texts:
+        return {}, "the prompts are token ids"
     if pr.dialect == "vllm":  # vLLM and tracekit serve echo them (return_token_ids)
-        return {}, "the response's prompt_token_ids" if texts else "the prompts are token ids"
+        return {}, _ECHO["vllm"]
     if pr.dialect == "openai-chat":  # the engine wraps the text in its chat template: not these ids
         return {}, "unknown: chat messages go through the engine's chat template"
-    return await _ids_for_texts(session, base_url, pr.engine_kind, texts, tokenizer)
+    ids, source = await _ids_for_texts(session, base_url, pr.engine_kind, texts, tokenizer)
+    if pr.dialect in _ECHO:  # SGLang: the echo where the engine sends it, the look-up where not
+        return ids, f"{_ECHO[pr.dialect]}; where an answer lacks them, {source}"
+    return ids, source
 
 
 async def _ids_for_texts(session, base_url: str, engine: str, texts: list[str], tokenizer: str | None):
     texts = sorted(set(texts))
-    if not texts:
-        return {}, "the prompts are token ids"
     how = _TOKENIZE.get(engine)
+    failed = ""
     if how is not None:
         route, body, ids_of = how
         out = {}
         for text in texts:
+            status = -1
             try:
                 async with session.post(base_url + route, json=body(text)) as r:
+                    status = r.status
                     obj = await r.json(content_type=None) if r.status == 200 else None
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
                 obj = None
             ids = ids_of(obj) if obj is not None else None
             if not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+                said = {200: "answered without ids", -1: "did not answer"}.get(status, f"answered HTTP {status}")
+                failed = f" (the engine's {route} {said})"
                 break
             out[text] = ids
         else:
@@ -316,8 +352,8 @@ async def _ids_for_texts(session, base_url: str, engine: str, texts: list[str], 
 
         tok = Tokenizer.from_file(str(Path(tokenizer) / "tokenizer.json"))
         out = {t: tok.encode(t, add_special_tokens=True).ids for t in texts}
-        return out, f"the local tokenizer {tokenizer} (may differ from the engine's), for text prompts"
-    return {}, "unknown for text prompts (the engine does not echo them; pass --tokenizer DIR)"
+        return out, f"the local tokenizer {tokenizer} (may differ from the engine's), for text prompts{failed}"
+    return {}, f"unknown for text prompts (the engine does not echo them; pass --tokenizer DIR){failed}"
 
 
 class RouteWatch:

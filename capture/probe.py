@@ -3,7 +3,7 @@
 Probes, in order: `GET /v1/models` (owned_by says vllm / sglang / llamacpp /
 tracekit; llama.cpp also sends `models[]` next to `data[]`) and `/health`
 (its status is recorded), then TGI's `/info` (`model_id` + `router`),
-llama.cpp's `/slots` / `/props`, SGLang's `/get_model_info`; otherwise plain
+llama.cpp's `/slots` / `/props`, SGLang's `/model_info` (`/get_model_info`); otherwise plain
 OpenAI, whose parser accepts both the legacy and the chat-style logprob shapes
 (llama.cpp's `/v1` routes send the latter) and decides per response.
 Whatever answers goes into the run metadata as the engine's self-report
@@ -215,7 +215,9 @@ def _engine_of(res: ProbeResult) -> str:
     owned = str(res.engine.get("v1_models", {}).get("owned_by", "")).lower()
     if owned == "llamacpp" or "props" in res.engine:
         return "llamacpp"
-    return owned or res.dialect
+    if "info" in res.engine:  # TGI's /info answered; its /v1/models says owned_by = the model id
+        return "tgi"
+    return owned if owned in _OWNED_BY else res.dialect
 
 
 async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, status: int, owned: str):
@@ -230,7 +232,9 @@ async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, s
         return res
     st, info, h = await _get(session, base + "/info")
     if st == 200 and isinstance(info, dict) and "model_id" in info:
-        engine["info"] = {k: info.get(k) for k in ("model_id", "version", "router", "sha", "max_top_n_tokens")}
+        # TGI's Info has no max_top_n_tokens (nor model_dtype): router/src/lib.rs at v3.3.7; the
+        # top-n limit is asked with a request instead (capture_run._tgi_top_n).
+        engine["info"] = {k: info.get(k) for k in ("model_id", "version", "router", "sha")}
         engine["headers"].update(h)
         res.dialect, res.reason, res.model = "tgi", "/info answered with model_id (TGI)", info.get("model_id", "")
         return res
@@ -241,11 +245,14 @@ async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, s
                 engine["props"] = {k: body.get(k) for k in ("build_info", "total_slots", "model_path")}
             res.dialect, res.reason = "llamacpp", f"{route} answered (llama.cpp server)"
             return res
-    st, body, h = await _get(session, base + "/get_model_info")
-    if st == 200 and isinstance(body, dict) and "model_path" in body:
-        engine["model_info"] = body
-        res.dialect, res.reason = "sglang", "/get_model_info answered (SGLang)"
-        return res
+    # SGLang: /model_info, and /get_model_info, its deprecated alias that older versions have alone
+    # (sglang/srt/entrypoints/http_server.py, 0.5.23).
+    for route in ("/model_info", "/get_model_info"):
+        st, body, h = await _get(session, base + route)
+        if st == 200 and isinstance(body, dict) and "model_path" in body:
+            engine["model_info"] = body
+            res.dialect, res.reason = "sglang", f"{route} answered (SGLang)"
+            return res
     if status != 200:
         raise CaptureError(
             f"{base}: /v1/models answered HTTP {status} and no engine-specific route answered: "

@@ -2,8 +2,10 @@
 
 - the dtype the engine runs (`dtype`, `dtype_source`): the engine's own report where it
   gives one (tracekit serve's `/v1/models` meta, vLLM's `/server_info`, SGLang's
-  `/get_server_info`, TGI's `/info`), else the `--dtype` label, else unknown (null);
-  the classifier picks its grid from it;
+  `/server_info` (or its old name `/get_server_info`), TGI's `/info` before v2.3), else the
+  `--dtype` label, else unknown (null); the classifier picks its grid from it;
+- the engine family (`engine_family`: the engine behind the server, whatever dialect talks to
+  it), which `tracekit diff` reads to say what differs between engines;
 - what the logprob fields hold (`logprobs_mode`, `logprobs_mode_source`): vLLM's
   `--logprobs-mode raw_logits` / `processed_logits` return logits there, which the
   capture stores as raw top-k logits (`topk_logit`), never as logprobs;
@@ -76,9 +78,14 @@ async def engine_numerics(session, base: str, dialect: str, engine: dict) -> dic
                 found["logprobs_mode"] = mc["logprobs_mode"]
                 found["source"]["logprobs_mode"] = "/server_info model_config.logprobs_mode"
     elif dialect == "sglang":
-        st, body, _ = await _get(session, base + "/get_server_info")
-        if st == 200 and isinstance(body, dict) and dtype_name(body.get("dtype")):
-            found["dtype"], found["source"]["dtype"] = dtype_name(body["dtype"]), "/get_server_info dtype"
+        # /server_info; /get_server_info is its deprecated alias (a warning in the server's log each
+        # call), the only name of older versions (sglang/srt/entrypoints/http_server.py, 0.5.23).
+        for route in ("/server_info", "/get_server_info"):
+            st, body, _ = await _get(session, base + route)
+            if st == 200 and isinstance(body, dict):
+                if dtype_name(body.get("dtype")):
+                    found["dtype"], found["source"]["dtype"] = dtype_name(body["dtype"]), f"{route} dtype"
+                break
     elif dialect == "tgi":
         st, body, _ = await _get(session, base + "/info")
         if st == 200 and isinstance(body, dict) and dtype_name(body.get("model_dtype")):
@@ -208,6 +215,7 @@ def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None,
         dialect=pr.dialect,
         dialect_reason=pr.reason,
         engine=pr.engine,
+        engine_family=pr.engine_kind or None,  # vllm, sglang, tgi, llamacpp, tracekit, ...: what `diff` compares
         model=cfg.model or pr.model,
         tokenizer=cfg.tokenizer or pr.tokenizer or None,
         eos_token_ids=eos,

@@ -8,6 +8,12 @@ Asks with `return_logprob: true, top_logprobs_num: k, logprob_start_len: -1`
 the server runs with `--incremental-streaming-output` the logprob lists are
 cumulative, so the parser takes only the entries past what it has consumed
 (`acc.seen`), which is right for both modes.
+
+A text prompt also asks `return_prompt_token_ids: true`: every answer (each stream event) then
+carries the ids the engine tokenized it to, at the top level as `prompt_token_ids`
+(sglang/srt/managers/tokenizer_manager.py, SGLang 0.5.23). An SGLang without that field
+ignores the key (unknown top-level keys of /generate are ignored) and sends no ids: the run's
+own look-up (the engine's /tokenize, else --tokenizer) fills them in (capture/client.py).
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ class SGLangGenerate:
             "top_logprobs_num": spec.top_logprobs,
             "logprob_start_len": -1,
         }
-        b["text" if isinstance(spec.prompt, str) else "input_ids"] = spec.prompt
+        if isinstance(spec.prompt, str):
+            b["text"], b["return_prompt_token_ids"] = spec.prompt, True
+        else:
+            b["input_ids"] = spec.prompt
         b.update(spec.extra)
         return b
 
@@ -65,6 +74,11 @@ class SGLangGenerate:
                 raise ResponseShapeError(f"output logprob entry {i} is not [logprob, id, text]") from None
             acc.add(tid, lp, ids, vals, t)
         acc.seen = len(acc.lps)
+        pids = obj.get("prompt_token_ids")  # the same list on every event, with return_prompt_token_ids
+        if pids and acc.prompt_ids is None:
+            if type(pids) is not list:
+                raise ResponseShapeError("prompt_token_ids is not a list")
+            acc.prompt_ids = list(pids)
         if isinstance(meta.get("cached_tokens"), int):
             acc.cached_tokens = meta["cached_tokens"]
         fr = meta.get("finish_reason")

@@ -340,6 +340,7 @@ def routes_for(engine: str) -> dict:
                 "stream": L("sglang__generate__stream.http"),
                 "nonstream": L("sglang__generate__nonstream.http"),
             },
+            ("POST", "/tokenize"): L("sglang__tokenize.http"),
         }
     if engine == "tgi":
         return {
@@ -347,5 +348,6 @@ def routes_for(engine: str) -> dict:
             ("GET", "/info"): L("tgi__info.http"),
             ("POST", "/generate"): L("tgi__generate__nonstream.http"),
             ("POST", "/generate_stream"): L("tgi__generate_stream__stream.http"),
+            ("POST", "/tokenize"): L("tgi__tokenize.http"),
         }
     raise KeyError(engine)

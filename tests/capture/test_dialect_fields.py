@@ -11,6 +11,7 @@ token, a tie, another finish reason), through the dialect's own parse function.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -284,6 +285,66 @@ def test_sglang_cached_tokens(captured, variant):
 
 
 @pytest.mark.parametrize("variant", SGLANG)
+def test_sglang_prompt_token_ids(captured, variant):
+    """A text prompt asks `return_prompt_token_ids`; every answer (each stream event, cumulative
+    or incremental) then carries the tokenized input as a top-level `prompt_token_ids`, stored as
+    the prompt's ids. Source: sglang/api/v1/api_types.py (GenerateRequest.return_prompt_token_ids),
+    sglang/srt/managers/tokenizer_manager.py (state.prompt_token_ids = tokenized_obj.input_ids;
+    out_dict["prompt_token_ids"] in _handle_batch_output)."""
+    c = captured(variant)
+    assert c["pids"] == PROMPT_IDS and c["run"]["prompt_ids"].startswith("the response's prompt_token_ids")
+    assert c["sent"][-1]["body"]["return_prompt_token_ids"] is True
+
+
+def test_sglang_tokenize_shape():
+    """POST /tokenize takes `{prompt, add_special_tokens}` (default true, as /generate encodes a
+    text) and answers `{tokens, count, max_model_len}`; tracekit reads `tokens`. Source:
+    sglang/srt/entrypoints/openai/protocol.py (TokenizeRequest, TokenizeResponse),
+    sglang/srt/entrypoints/openai/serving_tokenize.py, sglang/srt/entrypoints/http_server.py
+    (/tokenize and /v1/tokenize)."""
+    from capture.client import _TOKENIZE
+
+    route, body, ids_of = _TOKENIZE["sglang"]
+    t = load("sglang__tokenize.http")
+    assert route == t.path and body(PROMPT) == json.loads(t.request)
+    assert ids_of(json.loads(t.body)) == PROMPT_IDS
+
+
+def _json_route(body) -> object:
+    return dataclasses.replace(load("sglang__v1-models.http"), body=json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    "routes,source",
+    [
+        ({"/server_info": "bfloat16", "/get_server_info": "float16"}, "engine: /server_info dtype"),
+        ({"/get_server_info": "bfloat16"}, "engine: /get_server_info dtype"),
+    ],
+)
+def test_sglang_dtype_from_server_info(tmp_path, routes, source):
+    """The dtype from `/server_info` (the resolved server arguments: `dtype`), else from
+    `/get_server_info`, its deprecated alias (a warning in the server's log on every call), the
+    only name in older SGLang. Source: sglang/srt/entrypoints/http_server.py (get_server_info ->
+    server_info), sglang/srt/utils/common.py (build_server_info: server_args.resolved_dict())."""
+    extra = {("GET", path): _json_route({"dtype": dt, "version": "0.5.23"}) for path, dt in routes.items()}
+    c = _capture(tmp_path / "r.h5", {**routes_for("sglang"), **extra}, PROMPT, False)
+    assert c["run"]["dtype"] == "bf16" and c["run"]["dtype_source"] == source
+
+
+def test_sglang_found_by_model_info(tmp_path):
+    """Without `owned_by: sglang` (a proxy in front of it), SGLang is found by `/model_info`, or
+    `/get_model_info`, its deprecated alias. Source: sglang/srt/entrypoints/http_server.py
+    (get_model_info -> model_info, "model_path")."""
+    models = load("sglang__v1-models.http")
+    other = dataclasses.replace(models, body=models.body.replace(b'"owned_by":"sglang"', b'"owned_by":"proxy"'))
+    info = _json_route({"model_path": "tiny", "tokenizer_path": "tiny", "is_generation": True})
+    routes = {**routes_for("sglang"), ("GET", "/v1/models"): other, ("GET", "/model_info"): info}
+    c = _capture(tmp_path / "r.h5", routes, PROMPT, True)
+    assert c["run"]["dialect"] == "sglang" and c["run"]["dialect_reason"] == "/model_info answered (SGLang)"
+    assert c["run"]["engine_family"] == "sglang" and c["rec"].status == "ok"
+
+
+@pytest.mark.parametrize("variant", SGLANG)
 def test_sglang_finish_reason(captured, variant):
     """`meta_info.finish_reason` is an object whose `type` is the reason: `{"type": "length",
     "length": N}`, `{"type": "stop", "matched": id}` for a stop token (EOS included), null until
@@ -406,7 +467,32 @@ def test_tgi_top_n_tokens_refused_inside_a_stream(one):
     c = one(routes, PROMPT, True)
     rec = c["rec"]
     assert rec.status == "error" and rec.http_status == 200 and "`top_n_tokens` must be >= 0 and <= 5" in rec.error
-    assert c["sent"][0]["body"]["inputs"] == "" and c["sent"][1]["path"] == "/generate_stream"
+    # the top-n question, the prompt's ids from /tokenize, then the request
+    assert [q["path"] for q in c["sent"]] == ["/generate", "/tokenize", "/generate_stream"]
+    assert c["sent"][0]["body"]["inputs"] == ""
+
+
+def test_tgi_info_fields(captured):
+    """/info has neither model_dtype (commented out since v2.3.0) nor max_top_n_tokens: the run
+    records what it has, and the top-n limit is asked with a request. Source: router/src/lib.rs
+    (Info)."""
+    info = captured("tgi-stream")["run"]["engine"]["info"]
+    assert set(info) == {"model_id", "version", "router", "sha"} and info["version"] == "3.3.6-dev0"
+    assert "max_top_n_tokens" not in json.loads(load("tgi__info.http").body)
+
+
+def test_tgi_tokenize_shape():
+    """POST /tokenize takes a GenerateRequest `{inputs}` and answers a JSON list of `{id, text,
+    start, stop}`; tracekit reads the ids. add_special_tokens is no request field (serde skip,
+    default true), so the ids are those /generate runs. Source: router/src/server.rs (tokenize,
+    encoding_to_tokens), router/src/lib.rs (SimpleToken, TokenizeResponse, GenerateRequest)."""
+    from capture.client import _TOKENIZE
+
+    route, body, ids_of = _TOKENIZE["tgi"]
+    t = load("tgi__tokenize.http")
+    assert route == t.path and body(PROMPT) == json.loads(t.request)
+    answer = json.loads(t.body)
+    assert ids_of(answer) == PROMPT_IDS and "".join(x["text"] for x in answer) == PROMPT
 
 
 @pytest.mark.parametrize("stream", [True, False])

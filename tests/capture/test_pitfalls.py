@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 from capture_helpers import TOKENIZER
-from replay import ReplayServer, routes_for
+from replay import ReplayServer, load, routes_for
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
@@ -73,9 +74,35 @@ def test_greedy_requests_with_neutral_fields_are_not_warned(capture_to, capsys):
     assert "not_greedy" not in found
 
 
-def test_an_engine_capped_top_k(capture_to, capsys):
-    """8 asked, the engine sends 5: an engine that caps silently (vLLM and TGI refuse instead: 400 / 422)."""
-    found, warns = _capture(capture_to, capsys, "vllm", top_logprobs=8, tokenizer=TOKENIZER)
+def test_vllm_refuses_a_top_k_above_its_max_logprobs(capture_to, capsys):
+    """What vLLM really does with more top-k than --max-logprobs (default 20): it checks `logprobs`
+    before generating and answers 400 ("Requested sample logprobs of 21, which is greater than max
+    allowed: 20"), never fewer candidates (vllm/sampling_params.py _validate_logprobs, vLLM 0.33.0).
+    Every row is an error with its words; nothing was capped, so no topk_capped."""
+    refused = load("vllm__v1-completions__error-max-logprobs.http")
+    routes = {**routes_for("vllm"), ("POST", "/v1/completions"): refused}
+    with ReplayServer(routes) as srv:
+        s, out = capture_to(srv.url, X, top_logprobs=21, tokenizer=TOKENIZER)
+    assert s.counts["error"] == 3 and s.counts["ok"] == 0
+    with TraceReader(out) as r:
+        recs = [r.record(i) for i in range(len(r))]
+        assert "topk_capped" not in {p["code"] for p in r.meta.run["pitfalls"]}
+    assert all(x.http_status == 400 and "greater than max allowed: 20" in x.error for x in recs)
+    assert not any("top-k" in w for w in capsys.readouterr().err.splitlines())
+
+
+def test_a_server_that_caps_top_k_silently(capture_to, capsys):
+    """8 asked, 5 sent, status 200: a server that caps without saying so (neither vLLM nor TGI:
+    they refuse, above). An OpenAI-shaped server of unknown make, replayed from the vLLM-shaped
+    answer with its self-report removed."""
+    models = load("vllm__v1-models.http")
+    acme = replace(models, body=models.body.replace(b'"owned_by":"vllm"', b'"owned_by":"acme"'))
+    routes = {**routes_for("vllm"), ("GET", "/v1/models"): acme}
+    with ReplayServer(routes) as srv:
+        _, out = capture_to(srv.url, X, top_logprobs=8, dialect="openai", tokenizer=TOKENIZER)
+    with TraceReader(out) as r:
+        found = {p["code"]: p["message"] for p in r.meta.run["pitfalls"]}
+    warns = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
     assert "at most 5 top-k candidates a token where 8 were asked" in _said_once(found, warns, "topk_capped")
     found, _ = _capture(capture_to, capsys, "vllm", top_logprobs=5, tokenizer=TOKENIZER)
     assert "topk_capped" not in found
@@ -93,7 +120,7 @@ def test_logprobs_mode_processed_or_unknown(capture_to, capsys):
 def test_tgi_prefill_logprobs(capture_to, capsys):
     found, warns = _capture(capture_to, capsys, "tgi", tokenizer=TOKENIZER)
     msg = _said_once(found, warns, "tgi_prefill_logprobs")
-    assert "--enable-prefill-logprobs" in msg and f"the local tokenizer {TOKENIZER}" in msg
+    assert "--enable-prefill-logprobs" in msg and "the engine's /tokenize" in msg
 
 
 def test_eos_ids_unknown(capture_to, capsys):

@@ -71,6 +71,6 @@ def cmd(file: str, as_json: bool, quick: bool) -> None:
     if "histories" in s:
         click.echo(f"histories: {', '.join(s['histories'])}  dtypes: {', '.join(s['dtypes'])}")
     run = s["run"]
-    for k in ("model", "target", "dialect", "dtype", "concurrency", "command"):
+    for k in ("model", "target", "dialect", "engine_family", "dtype", "prompt_ids", "concurrency", "command"):
         if k in run:
             click.echo(f"{k}: {run[k] if not isinstance(run[k], (dict, list)) else json.dumps(run[k])}")
