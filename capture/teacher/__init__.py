@@ -16,6 +16,7 @@ from tracekit.errors import ConfigError
 from tracekit.modelinfo import eos_token_ids
 
 from ..prompts import Prompt, load_prompts
+from . import tp as tp_mod
 from .diagnostic import DiagnosticConfig, DiagnosticSummary, check_full_logits_size, full_logits_bytes, run_diagnostic
 from .history import History, HistorySpec, parse_dtypes, parse_histories
 from .model import ATTNS
@@ -62,10 +63,14 @@ def run_from_options(
     full_logits: bool = False,
     force: bool = False,
     no_cuda_graphs: bool = False,
+    tp: int = 1,
+    tp_backend: str | None = None,
 ) -> DiagnosticSummary:
     """Run the diagnostic from CLI options (strings as typed); raises ConfigError on bad input.
     `max_tokens` applies to every prompt of `prompts` (their own `max_tokens` fields are
-    HTTP-capture overrides; a note on stderr says when they differ)."""
+    HTTP-capture overrides; a note on stderr says when they differ). `tp` > 1 runs it under
+    transformers' tensor-parallel plan in tp processes that this call starts (tp.py)."""
+    opts = dict(locals())  # the options as given, for the TP ranks
     if not out:
         raise ConfigError("--teacher-forced needs --out FILE.h5")
     if (from_path is None) == (prompts is None):
@@ -78,6 +83,13 @@ def run_from_options(
         raise ConfigError(f"--attn {attn!r}: expected one of {', '.join(ATTNS)}")
     if top_logprobs < 1:
         raise ConfigError(f"--top-logprobs must be >= 1, got {top_logprobs}")
+    if tp < 1:
+        raise ConfigError(f"--tp must be >= 1, got {tp}")
+    if tp_backend and tp == 1:
+        raise ConfigError("--tp-backend is the backend of --tp N with N > 1; drop it, or pass --tp")
+    if tp > 1 and not tp_mod.in_rank():
+        setup = tp_mod.check(teacher_forced, tp, device, tp_backend)
+        return tp_mod.launch(setup, {**opts, "tp_backend": setup.backend})
     cfg = DiagnosticConfig(
         model_dir=teacher_forced,
         histories=parse_histories(history),
@@ -88,6 +100,7 @@ def run_from_options(
         full_logits=full_logits,
         force=force,
         cuda_graphs=not no_cuda_graphs,
+        tp=tp,
     )
     vocab = _vocab_size(teacher_forced)
     first = None
@@ -122,7 +135,7 @@ def _generate(cfg: DiagnosticConfig, prompt_list: list[Prompt], max_tokens: int)
     from .model import load_model
     from .sequences import greedy_sequences
 
-    lm = load_model(cfg.model_dir, cfg.dtypes[0], cfg.device, cfg.attn, cfg.cuda_graphs)
+    lm = load_model(cfg.model_dir, cfg.dtypes[0], cfg.device, cfg.attn, cfg.cuda_graphs, cfg.tp)
     tokenizer = None
     if any(isinstance(p.prompt, str) for p in prompt_list):
         from transformers import AutoTokenizer

@@ -9,6 +9,7 @@ histories as one trie (runner.run_histories). Rows are written one per
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from tracekit.schema import Layout, RequestRecord, RunMeta
 
 from .history import History, HistorySpec
 from .sequences import TokenSequence
+from .tp import writes_trace
 
 FULL_LOGITS_LIMIT_BYTES = 10**9
 
@@ -39,6 +41,7 @@ class DiagnosticConfig:
     cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
     batch_tokens: int = 1 << 15  # input tokens per batched forward (memory bound)
     batch_logits_bytes: int = 1 << 29  # FP32 bytes of one history's scored logits [N, G, V] per batch
+    tp: int = 1  # tensor-parallel size (tp.py): > 1 only inside the ranks that tp.launch starts
 
 
 @dataclass
@@ -70,6 +73,19 @@ def resolve(seq: TokenSequence, specs: tuple[HistorySpec, ...]) -> tuple[list[Hi
         elif h.label not in {x.label for x in out}:
             out.append(h)
     return out, skipped
+
+
+class _NoWriter:
+    """The trace writer of a TP rank other than 0: every rank computes every row, rank 0 writes them."""
+
+    def append(self, *args, **kwargs) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def plan_batches(
@@ -130,7 +146,10 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
         device=cfg.device,
         top_logprobs=cfg.topk,
         full_logits=cfg.full_logits,
-        cuda_graphs=cfg.cuda_graphs and cfg.device.startswith("cuda"),  # never cpu, never a device_map
+        # never cpu, never a device_map, never under TP
+        cuda_graphs=cfg.cuda_graphs and cfg.device.startswith("cuda") and cfg.tp == 1,
+        tp=cfg.tp,
+        **_tp_run(cfg),
         eos_token_ids=list(eos),
         torch=torch.__version__,
         transformers=transformers.__version__,
@@ -141,6 +160,19 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
         run=run,
         layout=Layout(topk=cfg.topk, raw_logits=True, vocab_size=vocab if cfg.full_logits else 0),
     )
+
+
+def _tp_run(cfg: DiagnosticConfig) -> dict:
+    """Run metadata of a TP run: backend, each rank's device, and torch's threads a rank (CPU)."""
+    if cfg.tp == 1:
+        return {}
+    import torch
+
+    from .tp import run_setup
+
+    setup = run_setup()
+    devices = [setup.rank_device(r) for r in range(setup.tp)]
+    return {"tp_backend": setup.backend, "tp_devices": devices, "torch_threads": torch.get_num_threads()}
 
 
 def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[TokenSequence], batches) -> int:
@@ -170,7 +202,7 @@ def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[TokenSequence], bat
                     history=h.label,
                     dtype=lm.dtype,
                     prompt_text=s.prompt_text,
-                    params='{"teacher_forced": true}',
+                    params=json.dumps({"teacher_forced": True, "tp": cfg.tp}),
                 )
                 writer.append(rec, cols[h.label][n], s.prompt_ids, flush=False)
                 rows += 1
@@ -195,7 +227,7 @@ def run_diagnostic(
             lm = (
                 first_model
                 if first_model is not None and first_model.dtype == d
-                else load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs)
+                else load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs, cfg.tp)
             )
             if batches is None:
                 batches, skipped = plan_batches(
@@ -209,11 +241,8 @@ def run_diagnostic(
             if writer is None:
                 # Chunk-size hint (rows x histories x dtypes): a small diagnostic gets a small file.
                 hint = sum(len(q.gen_ids) for q in seqs) * len(cfg.histories) * len(cfg.dtypes)
-                writer = TraceWriter(
-                    out,
-                    run_meta(cfg, lm.vocab_size, eos_token_ids(cfg.model_dir), extra_run or {}),
-                    expected_tokens=hint,
-                )
+                meta = run_meta(cfg, lm.vocab_size, eos_token_ids(cfg.model_dir), extra_run or {})
+                writer = TraceWriter(out, meta, expected_tokens=hint) if writes_trace() else _NoWriter()
             summary.rows += write_rows(writer, cfg, lm, seqs, batches)
             summary.seconds_by_dtype[d] = round(time.perf_counter() - t0, 3)
             print(

@@ -29,12 +29,14 @@ class LoadedModel:
 
 
 def load_model(
-    model_dir: str, dtype: str, device: str = "cpu", attn: str = "auto", cuda_graphs: bool = True
+    model_dir: str, dtype: str, device: str = "cpu", attn: str = "auto", cuda_graphs: bool = True, tp: int = 1
 ) -> LoadedModel:
     """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError.
 
     device: cpu, cuda, cuda:N, or auto = transformers' own multi-GPU placement
     (`device_map="auto"`, layers split across the visible GPUs; needs accelerate).
+    tp > 1: inside a rank of tp.launch, the model's own tensor-parallel plan over
+    the initialized process group, on this rank's device; decode steps run eagerly.
     """
     import importlib.util
     import sys
@@ -53,6 +55,10 @@ def load_model(
             "package (pip install accelerate); or pass --device cuda for one GPU"
         )
     kwargs = {"device_map": "auto"} if device == "auto" else {}
+    if tp > 1:
+        from .tp import load_kwargs, rank_device
+
+        kwargs, device = load_kwargs(tp), rank_device()
     attn = resolve_attn(attn, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -61,6 +67,8 @@ def load_model(
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{model_dir}: cannot load as an HF causal LM ({first})") from None
+    if tp > 1:  # transformers placed each shard on this rank's device; graphs cannot hold a gloo collective
+        return wrap_model(model.eval(), dtype, device, cuda_graphs=False)
     if device == "auto":  # inputs go where the embedding lives; accelerate's hooks move activations on
         return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device), cuda_graphs)
     return wrap_model(model.to(device).eval(), dtype, device, cuda_graphs)

@@ -27,6 +27,7 @@ EPILOG = """Examples:
       --out concurrent.h5 --concurrency 16 && tracekit diff serial.h5 concurrent.h5
   tracekit capture --teacher-forced fixtures/models/tiny --from serial.h5 \\
       --history full,prefix:auto,decode --dtype fp32,bf16 --out diag.h5
+  tracekit capture --teacher-forced fixtures/models/tiny --from serial.h5 --tp 2 --out diag_tp2.h5
 """
 
 HTTP, TEACHER, BOTH = "--http", "--teacher-forced", "both"
@@ -208,6 +209,29 @@ OPTIONS = (
         TEACHER,
         dict(
             is_flag=True, help="Run decode steps eagerly on CUDA (default: CUDA graphs, the same logits, ~2x faster)."
+        ),
+    ),
+    Opt(
+        "tp",
+        ("--tp",),
+        TEACHER,
+        dict(
+            default=1,
+            show_default=True,
+            type=int,
+            metavar="N",
+            help="Tensor-parallel size: run under transformers' own TP plan in N processes started here "
+            "(rank r on cuda:r with --device cuda, else CPU); rank 0 writes the trace (docs/diagnostic.md).",
+        ),
+    ),
+    Opt(
+        "tp_backend",
+        ("--tp-backend",),
+        TEACHER,
+        dict(
+            type=click.Choice(["gloo", "nccl"]),
+            help="torch.distributed backend of --tp N (default: nccl on CUDA, gloo on CPU); gloo on CUDA lets "
+            "N ranks share fewer GPUs.",
         ),
     ),
     Opt("full_logits", ("--full-logits",), TEACHER, dict(is_flag=True, help="Also store full-vocabulary logits.")),
