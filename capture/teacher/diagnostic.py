@@ -49,7 +49,7 @@ class DiagnosticSummary:
     path: str
     rows: int = 0
     sequences: int = 0
-    skipped: list[str] = field(default_factory=list)  # "key history" pairs that do not apply
+    skipped: list[str] = field(default_factory=list)  # "key history (why)": pairs that do not apply
     seconds_by_dtype: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -69,7 +69,7 @@ def resolve(seq: TokenSequence, specs: tuple[HistorySpec, ...]) -> tuple[list[Hi
     for spec in specs:
         h = spec.resolve(p, g, seq.cached_tokens)
         if h is None:
-            skipped.append(spec.label)
+            skipped.append(f"{spec.label} ({spec.why_not(p, g, seq.cached_tokens)})")
         elif h.label not in {x.label for x in out}:
             out.append(h)
     return out, skipped

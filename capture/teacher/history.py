@@ -68,6 +68,19 @@ class HistorySpec:
             return None
         return History(f"prefix:{b}", (b, n_inputs), b)
 
+    def why_not(self, prompt_len: int, n_tokens: int, cached_tokens: int = -1) -> str:
+        """Why `resolve` gave None, in words (the note a skipped history carries)."""
+        n_inputs = prompt_len + n_tokens - 1
+        auto = self.size is None
+        b = cached_tokens if auto else self.size
+        if auto and b < 0:
+            return "the trace holds no cached-token count for this request (-1: not reported); give prefix:B"
+        if b == 0:
+            return "the trace's cached_tokens is 0 (nothing reused): that history is `full`"
+        if b >= n_inputs:
+            return f"boundary {b} is not inside the {n_inputs} inputs"
+        return "applies"
+
 
 def parse_history(text: str) -> HistorySpec:
     """Parse one history item: full | prefix:B | prefix:auto | chunked:C | decode."""

@@ -295,7 +295,7 @@ def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
         )
     if s.skipped:
         click.echo(
-            f"note: {len(s.skipped)} (sequence, history) pairs did not apply and have no row: "
+            f"note: {len(s.skipped)} (sequence, history) pairs did not apply and have no row (key history (why)): "
             + ", ".join(s.skipped[:5])
             + (" ..." if len(s.skipped) > 5 else ""),
             err=True,

@@ -97,7 +97,10 @@ def test_from_trace_prefix_auto_uses_reported_cached_tokens(random_model_dir, tm
     s = run_from_options(
         teacher_forced=str(random_model_dir), from_path=str(src), history="full,prefix:auto", dtype="fp32", out=str(out)
     )
-    assert s.skipped == ["b prefix:auto"]  # no boundary reported: said, not guessed
+    # No boundary reported: said, with why, not guessed.
+    assert s.skipped == [
+        "b prefix:auto (the trace holds no cached-token count for this request (-1: not reported); give prefix:B)"
+    ]
     with TraceReader(out) as r:
         t = r.requests
         got = sorted(zip(t.key, t.history, t.cached_tokens.tolist()))

@@ -43,3 +43,15 @@ def test_prefix_auto_takes_the_trace_boundary_and_skips_unknown():
     assert auto.resolve(10, 5, cached_tokens=-1) is None  # not reported
     assert auto.resolve(10, 5, cached_tokens=0) is None  # no reuse: nothing to replay
     assert HistorySpec("prefix", 14).resolve(10, 5) is None  # boundary past the inputs
+
+
+def test_a_history_that_does_not_apply_says_why():
+    """A skipped prefix history names its reason: a user seeing only "did not apply" cannot tell
+    an unreported boundary from one where nothing was reused (then `full` is that history)."""
+    from capture.teacher.history import HistorySpec
+
+    auto = HistorySpec("prefix", None)
+    assert auto.resolve(20, 4, -1) is None and "no cached-token count" in auto.why_not(20, 4, -1)
+    assert auto.resolve(20, 4, 0) is None and "nothing reused" in auto.why_not(20, 4, 0)
+    assert HistorySpec("prefix", 40).resolve(20, 4) is None
+    assert HistorySpec("prefix", 40).why_not(20, 4) == "boundary 40 is not inside the 23 inputs"
