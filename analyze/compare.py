@@ -20,6 +20,7 @@ from tracekit.store import TraceReader, read_token_rows
 
 from .align import Side, align, load_side, parse_select
 from .classify import Thresholds, classify
+from .eos_policy import ignore_eos_note
 from .grid import Grid, normalise, on_grid, resolve_dtype
 from .result import DiffResult, rule_text
 
@@ -222,6 +223,8 @@ def diff(
             )
         if not ids:
             notes.append(f"EOS ids {EOS_UNKNOWN}")
+        if eos_note := ignore_eos_note(side_a.meta, side_b.meta, cols, ids):  # engines ignore EOS differently
+            notes.append(eos_note)
         if teacher is not None:
             from .teacher import cross_check
 
