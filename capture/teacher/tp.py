@@ -95,6 +95,8 @@ def _check_backend(tp: int, device_type: str, backend: str) -> tuple[int, ...]:
 
     if not dist.is_available():
         raise ConfigError(f"--tp {tp}: this torch build ({torch.__version__}) has no torch.distributed")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--tp {tp} --device cuda: no CUDA device is visible to torch; use --device cpu")
     if backend == "gloo" and not dist.is_gloo_available():
         raise ConfigError(f"--tp {tp}: this torch build has no gloo backend; on CUDA use --tp-backend nccl")
     if backend == "nccl":
@@ -104,8 +106,6 @@ def _check_backend(tp: int, device_type: str, backend: str) -> tuple[int, ...]:
             raise ConfigError(f"--tp {tp}: this torch build has no NCCL; pass --tp-backend gloo")
     if device_type == "cpu":
         return ()
-    if not torch.cuda.is_available():
-        raise ConfigError(f"--tp {tp} --device cuda: no CUDA device is visible to torch; use --device cpu")
     n = torch.cuda.device_count()
     if backend == "nccl" and n < tp:
         raise ConfigError(
