@@ -23,7 +23,7 @@ from tracekit.rundir import FAILING, LoadedCell, Manifest, PairEvidence, RunDir
 from tracekit.stats import percentiles
 from tracekit.store import TraceReader
 
-from . import compare_targets
+from . import compare_targets, explain_cells
 from . import matrix_sections as sections
 from .classify import CLASSES
 
@@ -178,6 +178,7 @@ def summary(
         "failed_cells": fails,
         "plots": plots or {},
         "cross_target": compare_targets.matched(rows),
+        "explain": explain_cells.summary(explain_cells.load(root, [r.cell for r in rows])),
     }
 
 
@@ -329,6 +330,7 @@ def markdown(
         sections.PAIR_LEGEND,
         "",
     ]
+    lines += explain_cells.markdown(explain_cells.load(root, [r.cell for r in rows]))
     lines += compare_targets.markdown(compare_targets.matched(rows))
     lines += sections.pitfalls((r.cell.id, r.facts) for r in rows)
     lines += _failures(rows, unreadable) + sections.setup(man) + sections.plot_lines(root, plots)

@@ -73,22 +73,50 @@ def model_dir(m: Matrix, target: str) -> str:
     return args[args.index("--model") + 1] if "--model" in args else str(REPO_ROOT / "fixtures" / "models" / "tiny")
 
 
+def side_histories(histories: str, pairs) -> tuple[str, list[str]]:
+    """The histories to replay and what they mean per pair. The sequences come from the serial
+    baseline (A), so `prefix:auto` replays A's boundary; where B reused another boundary, that
+    boundary is added as `prefix:<b>` (replayed for every key it fits), and each such pair is said:
+    the replay that matters for a flip is often B's (A reused 0, B 112)."""
+    if "prefix:auto" not in histories.replace(" ", ""):
+        return histories, []
+    extra, said = [], []
+    for p in pairs:
+        a, b = p.boundary_a, p.boundary_b
+        if a is None or b is None or a == b:
+            continue
+        a_says = "0: nothing reused, that is `full`" if a == 0 else ("not reported" if a < 0 else str(a))
+        line = f"{p.key}: reused prefix A {a} / B {b}: prefix:auto replays A's ({a_says})"
+        if b > 0:
+            extra.append(b)
+            line += f", prefix:{b} replays B's"
+        said.append(line)
+    out = histories + "".join(f",prefix:{b}" for b in sorted(set(extra)))
+    return out, said
+
+
 def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, differ: Differ) -> CellRecord:
     """Replay the cell's divergent keys, then diff again with the cross-check."""
     if r.diff.path is None or m.target(r.cell.target).kind != "tracekit":
         return r
     # The cell's diff as just written (cell.json still says "not computed" until the caller writes it).
     pairs = read_diff(rd.path(r.diff.path)).pairs
-    keys = tuple(p.key for p in pairs if p.cls not in ("identical", "incomparable") and p.position is not None)
+    div = [p for p in pairs if p.cls not in ("identical", "incomparable") and p.position is not None]
+    keys = tuple(p.key for p in div)
     if not keys:
         return r
     from ..teacher import DiagnosticConfig, from_trace, parse_dtypes, parse_histories, run_diagnostic
 
     log(f"teacher-forced: {r.cell.id}: {len(keys)} divergent keys")
-    ref = TeacherRef(rd.teacher_rel(r.cell.id), keys, plan.histories, plan.dtypes, model_dir(m, r.cell.target))
-    cfg = DiagnosticConfig(ref.model, parse_histories(plan.histories), parse_dtypes(plan.dtypes), device=plan.device)
+    histories, said = side_histories(plan.histories, div)
+    for line in said:
+        log(f"  {line}")
+    ref = TeacherRef(rd.teacher_rel(r.cell.id), keys, histories, plan.dtypes, model_dir(m, r.cell.target))
+    cfg = DiagnosticConfig(ref.model, parse_histories(histories), parse_dtypes(plan.dtypes), device=plan.device)
     seqs = from_trace(str(rd.path(r.baseline)), list(keys))
-    run_diagnostic(cfg, seqs, str(rd.path(ref.trace)), extra_run={"from": r.baseline})
+    s = run_diagnostic(cfg, seqs, str(rd.path(ref.trace)), extra_run={"from": r.baseline})
+    for line in s.skipped:
+        log(f"  not replayed: {line}")
     return dataclasses.replace(r, diff=_diff(rd, r, differ, rd.path(ref.trace)), teacher=ref)
 
 

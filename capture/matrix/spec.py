@@ -8,6 +8,7 @@ directory, so a matrix means the same thing from any working directory.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -43,10 +44,28 @@ TARGET_KEYS = {
     "cache_off_args",
     "env",
     "api_key_env",
+    "variants",
     *AXES,
 }
+# The other configurations of a target that `tracekit explain` reruns a flip on (docs/explain.md).
+VARIANT_NAMES = ("deterministic", "fp32")
+VARIANT_KEYS = {"args", "env", "dtype", "url"}
 PROMPT_KEYS = {"name", "path", "input_tokens"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another configuration of the same engine: `deterministic` (e.g. `tracekit serve
+    --batch-invariant`, vLLM `VLLM_BATCH_INVARIANT=1`, SGLang `--enable-deterministic-inference`)
+    or `fp32`. Its args are appended to the target's (serve args, or the command line), its env
+    merged over the target's; `dtype` replaces the cell's (default: the cell's, `fp32` for the
+    fp32 variant); `url` is the running server of a `url` target's variant."""
+
+    args: tuple[str, ...] = ()
+    env: dict = field(default_factory=dict)
+    dtype: str | None = None
+    url: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,24 @@ class Target:
     env: dict = field(default_factory=dict)
     axes: dict = field(default_factory=dict)  # per-target axis overrides
     api_key_env: str | None = None  # send `Authorization: Bearer $VAR`; `serve` targets also get --api-key-env VAR
+    variants: dict = field(default_factory=dict)  # VARIANT_NAMES -> Variant
+
+    def variant(self, name: str, dtype: str) -> tuple["Target", str] | None:
+        """(the target of its `name` configuration, that configuration's dtype) for a cell in
+        `dtype`; None when the target names no such variant. The variant target's name is
+        `<name>-<variant>`, so its engine id and log never collide with the target's."""
+        v = self.variants.get(name)
+        if v is None:
+            return None
+        t = dataclasses.replace(
+            self,
+            name=f"{self.name}-{name}",
+            args=self.args + v.args,
+            url=v.url or self.url,
+            env={**self.env, **v.env},
+            variants={},
+        )
+        return t, v.dtype or ("fp32" if name == "fp32" else dtype)
 
     def api_key(self) -> str | None:
         """The key to send (read from the environment, never stored); ConfigError when unset."""
@@ -202,7 +239,30 @@ def _target(where: str, t: dict, base: Path) -> Target:
         dict(t.get("env", {})),
         axes,
         _api_key_env(where, name, t),
+        _variants(f"{where} ({name})", kind, t.get("variants", {})),
     )
+
+
+def _variants(where: str, kind: str, doc) -> dict:
+    """[target.variants.deterministic] / [target.variants.fp32] tables -> Variant records."""
+    _table(f"{where} variants", doc, VARIANT_NAMES)
+    out = {}
+    for name, v in doc.items():
+        w = f"{where} variants.{name}"
+        _table(w, v, VARIANT_KEYS)
+        dtype = v.get("dtype")
+        if dtype is not None and dtype not in DTYPES:
+            raise ConfigError(f"{w}: dtype {dtype!r}: must be one of {', '.join(DTYPES)}")
+        url = v.get("url", "")
+        if not isinstance(url, str) or (kind == "url" and not url):
+            raise ConfigError(f"{w}: a 'url' target's variant is another running server: give its 'url'")
+        if kind != "url" and url:
+            raise ConfigError(f"{w}: 'url' is for variants of 'url' targets; this target is started by the runner")
+        env = v.get("env", {})
+        if not isinstance(env, dict):
+            raise ConfigError(f"{w}: 'env' must be a table of VAR = \"value\"")
+        out[name] = Variant(_strs(w, "args", v.get("args", [])), {k: str(x) for k, x in env.items()}, dtype, url)
+    return out
 
 
 def _api_key_env(where: str, name: str, t: dict) -> str | None:

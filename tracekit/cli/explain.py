@@ -39,6 +39,7 @@ class ExplainOptions:
     drift_nats: float = 0.5
     timeout_s: float = 600.0
     api_key_env: str | None = None
+    config_repeats: int | None = None  # runs of each variant on the deterministic / FP32 configurations
 
 
 def _log(msg: str) -> None:
@@ -76,8 +77,9 @@ def _run(a, b, pairs, root: Path, o: ExplainOptions):
             notes.append(f"{config} configuration: not run (no --{config}-url)")
             continue
         path = root / f"variants-{config}.h5"
-        _log(f"explain: {len(targets)} pairs x {o.repeats} repeats on {url} ({config}) -> {path}")
-        vcfg = VariantConfig(url, str(path), config, o.repeats, o.top_logprobs, o.timeout_s)
+        reps = o.repeats if config == "engine" or o.config_repeats is None else o.config_repeats
+        vcfg = VariantConfig(url, str(path), config, reps, o.top_logprobs, o.timeout_s)
+        _log(f"explain: {len(targets)} pairs x {reps} repeats on {url} ({config}) -> {path}")
         s = run_variants(dataclasses.replace(vcfg, api_key_env=o.api_key_env), targets)
         notes += s.notes
         variants.append(path)
@@ -89,6 +91,43 @@ def _run(a, b, pairs, root: Path, o: ExplainOptions):
     else:
         notes.append("teacher-forced replay: not run (no --teacher-forced MODEL_DIR)")
     return variants, teacher, {t.key: len(t.mates) for t in targets}, notes
+
+
+def explain_run_cells(root: Path, m, o: ExplainOptions, only: list[str] | None = None, teacher: bool = True):
+    """Explain every divergent cell of a `tracekit run` directory on engines started here from the
+    matrix `m`: per engine configuration, a fresh engine of the cell's own configuration and the
+    target's named variants (deterministic, FP32; capture/explain/engines.py), and with `teacher`
+    the teacher-forced replay on the target's model (`o.model_dir`, else the target's). Traces and explain.json under
+    DIR/cells/<id>/explain/; engine logs under DIR/engines/explain/.
+    Returns ([(cell id, ExplainResult)], the engines' records)."""
+    from capture.explain.engines import start_configs
+    from capture.matrix.run import model_dir
+
+    from ..rundir import RunDir
+
+    rd = RunDir(root)
+    jobs = [(rd.read_cell(cid).cell, a, b) for cid, a, b in _run_dir_cells(root, only)]
+    results, records = [], []
+    for engine_id in dict.fromkeys(c.engine_id for c, _, _ in jobs):
+        group = [j for j in jobs if j[0].engine_id == engine_id]
+        _log(f"explain: starting the engines of {engine_id}")
+        eng = start_configs(m, group[0][0], rd.root / "engines" / "explain")
+        for note in eng.notes:
+            click.echo(f"explain: {note}", err=True)
+        try:
+            for cell, a, b in group:
+                _log(f"explain: cell {cell.id}")
+                co = dataclasses.replace(
+                    o,
+                    url=eng.urls["engine"],
+                    deterministic_url=eng.urls.get("deterministic"),
+                    fp32_url=eng.urls.get("fp32"),
+                    model_dir=(o.model_dir or model_dir(m, cell.target)) if teacher else None,
+                )
+                results.append((cell.id, explain_files(a, b, rd.root / "cells" / cell.id / "explain", co)))
+        finally:
+            records += eng.stop()
+    return results, records
 
 
 def _run_dir_cells(root: Path, only: list[str] | None) -> list[tuple[str, str, str]]:
@@ -115,6 +154,11 @@ def _run_dir_cells(root: Path, only: list[str] | None) -> list[tuple[str, str, s
 @click.option("--keys", help="Explain these keys (comma-separated) instead of every divergent pair.")
 @click.option("--cells", help="RUN_DIR form: only these cells (comma-separated ids).")
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True, help="Runs of each variant.")
+@click.option(
+    "--config-repeats",
+    type=click.IntRange(1),
+    help="Runs of each variant on the deterministic and FP32 configurations (default: --repeats).",
+)
 @click.option("--teacher-forced", "model_dir", type=click.Path(file_okay=False), help="Replay outside the engine.")
 @click.option("--dtype", "dtypes", default="fp32,bf16", show_default=True, help="Teacher-forced dtypes.")
 @click.option("--device", default="cpu", show_default=True, help="Teacher-forced device.")
@@ -127,8 +171,8 @@ def _run_dir_cells(root: Path, only: list[str] | None) -> list[tuple[str, str, s
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the traces (default explain-<UTC>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.explain/1).")
 @click.option("--markdown", is_flag=True, help="Print markdown to paste into a pull request.")
-def cmd(a, b, url, keys, cells, repeats, model_dir, dtypes, device, deterministic_url, fp32_url, top_logprobs,
-        drift_nats, timeout_s, api_key_env, out, as_json, markdown) -> int:  # fmt: skip
+def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, device, deterministic_url, fp32_url,
+        top_logprobs, drift_nats, timeout_s, api_key_env, out, as_json, markdown) -> int:  # fmt: skip
     """For each divergent pair of A (reference) and B, rerun the request under
     controlled variants on the live engine (alone cold, alone warm at each side's
     reused-prefix boundary, in a burst with B's batch mates; on the deterministic
@@ -144,7 +188,7 @@ def cmd(a, b, url, keys, cells, repeats, model_dir, dtypes, device, deterministi
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
     o = ExplainOptions(url, repeats, model_dir, dtypes, device, deterministic_url, fp32_url, top_logprobs,
-                       drift_nats, timeout_s, api_key_env)  # fmt: skip
+                       drift_nats, timeout_s, api_key_env, config_repeats)  # fmt: skip
     chosen = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
     if Path(a).is_dir():
         if b is not None:

@@ -1,0 +1,179 @@
+"""The causes `tracekit explain` found for a run directory's flips, for `tracekit report` and
+`tracekit demo`: read from each cell's `cells/<id>/explain/explain.json` (schema
+tracekit.explain/1, written by `tracekit explain RUN_DIR` or by the demo), one row per
+explained pair, and the section of report.md / the demo page that shows them.
+
+Reads only those files; a cell without one was not explained (said, not guessed). A file
+that cannot be read is listed with the reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from tabulate import tabulate
+
+from tracekit.rundir import Cell
+
+SCHEMA = "tracekit.explain/1"
+EXPLAIN_JSON = "explain/explain.json"  # under cells/<cell id>/
+OK_KINDS = ("nondeterminism", "prefix_reuse", "batch_composition", "cache_history")
+
+
+@dataclass(frozen=True)
+class CellCauses:
+    cell: Cell
+    doc: dict | None  # the tracekit.explain/1 document, None when unreadable
+    error: str | None = None
+
+    @property
+    def pairs(self) -> list[dict]:
+        return list((self.doc or {}).get("pairs") or [])
+
+
+def cell_label(c: Cell) -> str:
+    return f"{c.target} {c.dtype.upper()} cache-{'on' if c.prefix_cache else 'off'} {c.prompts} c{c.concurrency}"
+
+
+def load(root: str | Path, cells: Iterable[Cell]) -> list[CellCauses]:
+    """The explained cells of DIR, in the order given (cells without an explain.json are left out)."""
+    out = []
+    for c in cells:
+        path = Path(root) / "cells" / c.id / EXPLAIN_JSON
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            out.append(CellCauses(c, None, f"{path}: unreadable ({e})"))
+            continue
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("pairs"), list):
+            out.append(CellCauses(c, None, f"{path}: not a {SCHEMA} document"))
+            continue
+        out.append(CellCauses(c, doc))
+    return out
+
+
+def _config(p: dict, config: str) -> str:
+    """'A 20/20' (or 'A 12/20, B 8/20') over every run of one configuration; '' when not run."""
+    vs = [v for v in p.get("variants") or () if v.get("config") == config]
+    n = sum(v["n"] for v in vs)
+    if not n:
+        return ""
+    a, b = sum(v["a"] for v in vs), sum(v["b"] for v in vs)
+    parts = [f"A {a}/{n}"] * bool(a) + [f"B {b}/{n}"] * bool(b) or [f"neither 0/{n}"]
+    return ", ".join(parts) + (" STILL FLIPS" if config == "deterministic" and a and b else "")
+
+
+def cause_rows(causes: list[CellCauses]) -> list[list[str]]:
+    """One row per explained pair: cell, key, class, t, cause (LOUD first), right side,
+    the deterministic and FP32 configurations' tokens."""
+    out = []
+    for cc in causes:
+        for p in cc.pairs:
+            out.append(
+                [
+                    cell_label(cc.cell),
+                    str(p["key"]),
+                    str(p["class"]),
+                    str(p["position"]),
+                    str(p["cause"]),
+                    str(p.get("right_side") or "unknown"),
+                    _config(p, "deterministic"),
+                    _config(p, "fp32"),
+                ]
+            )
+    return out
+
+
+HEAD = ["cell", "key", "class", "pos", "cause (tracekit explain)", "right side", "deterministic", "FP32"]
+
+
+def counts(causes: list[CellCauses]) -> dict[str, int]:
+    pairs = [p for cc in causes for p in cc.pairs]
+    out = {k: sum(p["kind"] == k for p in pairs) for k in (*OK_KINDS, "unresolved", "bug")}
+    return {"pairs": len(pairs), **out, "loud": sum(bool(p.get("loud")) for p in pairs)}
+
+
+def headline(causes: list[CellCauses]) -> str:
+    """'15 pairs explained: 14 batch composition, 1 bug · 1 LOUD (...)'"""
+    c = counts(causes)
+    parts = [f"{v} {k.replace('_', ' ')}" for k, v in c.items() if v and k not in ("pairs", "loud")]
+    loud = f" · {c['loud']} LOUD (classed benign, no variant reproduced it)" if c["loud"] else ""
+    return f"{c['pairs']} pairs explained: " + (", ".join(parts) or "none") + loud
+
+
+def loud_lines(causes: list[CellCauses]) -> list[str]:
+    return [
+        f"LOUD: {cell_label(cc.cell)} · {p['key']}: {p['cause']}" for cc in causes for p in cc.pairs if p.get("loud")
+    ]
+
+
+def text_lines(causes: list[CellCauses]) -> list[str]:
+    """The plain-text form (the demo's page): one line per explained pair, LOUD ones flagged."""
+    out = []
+    for cc in causes:
+        for p in cc.pairs:
+            det, fp = _config(p, "deterministic"), _config(p, "fp32")
+            out.append(
+                ("LOUD " if p.get("loud") else "")
+                + f"{cell_label(cc.cell)} · {p['key']} · t={p['position']} · {p['cause']}"
+                + f" · right side: {p.get('right_side') or 'unknown'}"
+                + (f" · deterministic: {det}" if det else "")
+                + (f" · FP32: {fp}" if fp else "")
+            )
+        if cc.error:
+            out.append(f"{cell_label(cc.cell)}: {cc.error}")
+    return out
+
+
+def table(causes: list[CellCauses], fmt: str = "github") -> str:
+    body = cause_rows(causes)
+    if fmt == "github":
+        body = [[x.replace("|", "\\|") for x in row] for row in body]
+    return tabulate(body, headers=HEAD, tablefmt=fmt, disable_numparse=True)
+
+
+LEGEND = (
+    "Each divergent pair was rerun on a live engine of its cell's configuration (`tracekit explain`, "
+    "docs/explain.md): alone with the prefix cache flushed, alone warm at each side's reused-prefix "
+    "boundary, and in a burst with its batch mates from B, each repeated; `cause` names the variant "
+    "that gives B's token while its control does not, with counts. `right side` is the side whose "
+    "token the teacher-forced FP32 full-history argmax picks; `deterministic` and `FP32` count the "
+    "tokens the same variants chose on the target's deterministic and FP32 configurations."
+)
+
+
+def markdown(causes: list[CellCauses]) -> list[str]:
+    """report.md's section (empty when no cell was explained)."""
+    if not causes:
+        return []
+    out = [f"### Cause of each flip ({headline(causes)})", ""]
+    if any(cc.pairs for cc in causes):
+        out += [table(causes), ""]
+    out += [f"- **{x}**" for x in loud_lines(causes)]
+    out += [f"- {cell_label(cc.cell)}: {cc.error}" for cc in causes if cc.error]
+    notes = dict.fromkeys(n for cc in causes for n in (cc.doc or {}).get("notes") or ())
+    out += [f"- note: {n}" for n in notes]
+    return out + ["", LEGEND, ""]
+
+
+def summary(causes: list[CellCauses]) -> dict:
+    """summary.json's `explain`: counts, and per cell its pairs' kind, cause, loudness, right side."""
+    return {
+        "counts": counts(causes),
+        "cells": [
+            {
+                "id": cc.cell.id,
+                "error": cc.error,
+                "pairs": [
+                    {k: p.get(k) for k in ("key", "class", "position", "kind", "cause", "loud", "right_side")}
+                    for p in cc.pairs
+                ],
+            }
+            for cc in causes
+        ],
+    }
