@@ -101,6 +101,13 @@ def at_start(specs: list[RequestSpec], run: dict, engine_kind: str, warn) -> Non
             "TGI's prefill logprobs are off (its default; launcher --enable-prefill-logprobs): it does not "
             f"return the prompt's token ids, so they come from {run.get('prompt_ids', 'elsewhere')}",
         )
+    if run.get("dialect") == "tgi" and any(s.ignore_eos for s in specs):
+        # router/src/validation.rs (v3.3.7) sets ignore_eos_token false for every request.
+        warn(
+            "tgi_no_ignore_eos",
+            "TGI has no ignore_eos switch: its streams end at the first EOS although the requests ask to ignore "
+            "it; a diff against an engine that ignores EOS compares only up to that EOS",
+        )
     if not run.get("eos_token_ids"):
         warn(
             "eos_unknown",

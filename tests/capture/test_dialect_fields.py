@@ -481,6 +481,24 @@ def test_tgi_info_fields(captured):
     assert "max_top_n_tokens" not in json.loads(load("tgi__info.http").body)
 
 
+def test_tgi_has_no_ignore_eos(tmp_path, capsys):
+    """TGI takes no ignore_eos: the router builds every request's stopping parameters with
+    `ignore_eos_token: false` (only its warmup and benchmark set true), so a capture that asks to
+    ignore EOS says once that TGI stops at the first EOS. Source: router/src/validation.rs
+    (StoppingCriteriaParameters), backends/client/src/v3/client.rs (warmup)."""
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": PROMPT}])
+    for ignore, said in ((True, 1), (False, 0)):
+        with ReplayServer(routes_for("tgi")) as srv:
+            cfg = CaptureConfig(srv.url, prompts, str(tmp_path / f"{ignore}.h5"), ignore_eos=ignore, progress=False)
+            run_capture(cfg)
+        body = srv.requests[-1]["body"]
+        assert "ignore_eos" not in json.dumps(body)  # nothing TGI would read
+        err = capsys.readouterr().err
+        assert err.count("warning: TGI has no ignore_eos switch") == said
+        with TraceReader(tmp_path / f"{ignore}.h5") as r:
+            assert ("tgi_no_ignore_eos" in {p["code"] for p in r.meta.run["pitfalls"]}) is ignore
+
+
 def test_tgi_tokenize_shape():
     """POST /tokenize takes a GenerateRequest `{inputs}` and answers a JSON list of `{id, text,
     start, stop}`; tracekit reads the ids. add_special_tokens is no request field (serde skip,
