@@ -108,7 +108,10 @@ def headline(causes: list[CellCauses]) -> str:
 
 def loud_lines(causes: list[CellCauses]) -> list[str]:
     return [
-        f"LOUD: {cell_label(cc.cell)} · {p['key']}: {p['cause']}" for cc in causes for p in cc.pairs if p.get("loud")
+        f"LOUD: {cell_label(cc.cell)} · {p['key']}: {str(p['cause']).removeprefix('LOUD: ')}"
+        for cc in causes
+        for p in cc.pairs
+        if p.get("loud")
     ]
 
 
@@ -119,8 +122,7 @@ def text_lines(causes: list[CellCauses]) -> list[str]:
         for p in cc.pairs:
             det, fp = _config(p, "deterministic"), _config(p, "fp32")
             out.append(
-                ("LOUD " if p.get("loud") else "")
-                + f"{cell_label(cc.cell)} · {p['key']} · t={p['position']} · {p['cause']}"
+                f"{cell_label(cc.cell)} · {p['key']} · t={p['position']} · {p['cause']}"
                 + f" · right side: {p.get('right_side') or 'unknown'}"
                 + (f" · deterministic: {det}" if det else "")
                 + (f" · FP32: {fp}" if fp else "")
