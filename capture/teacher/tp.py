@@ -165,17 +165,20 @@ def launch(setup: TPSetup, opts: dict):
         if errors:
             raise ConfigError(errors[0][1]["error"])
         if failed is not None:
-            rank, code = failed
-            log = Path(tmp) / f"rank{rank}.log"  # rank 0 wrote to stderr already
-            tail = log.read_text(errors="replace").strip().splitlines()[-20:] if log.exists() else []
-            for line in tail:
-                print(f"[rank{rank}] {line}", file=sys.stderr)
-            raise TracekitError(
-                f"--tp {setup.tp}: rank {rank} exited with status {code}"
-                + (f" ({tail[-1][:200]})" if tail else "")
-                + "; the other ranks were stopped (their output is above, on stderr)"
-            )
+            raise _rank_failed(Path(tmp), setup.tp, *failed)
         return DiagnosticSummary(**_summary_fields(results[0]["summary"]))
+
+
+def _rank_failed(tmp: Path, tp: int, rank: int, code: int) -> TracekitError:
+    """The error of a rank that died without a TracekitError; its last lines go to stderr
+    (rank 0 wrote there already)."""
+    log = tmp / f"rank{rank}.log"
+    tail = log.read_text(errors="replace").strip().splitlines()[-20:] if log.exists() else []
+    for line in tail:
+        print(f"[rank{rank}] {line}", file=sys.stderr)
+    shown = "rank 0's output is above" if rank == 0 else f"rank 0's output and rank {rank}'s last lines are above"
+    detail = f" ({tail[-1][:200]})" if tail else ""
+    return TracekitError(f"--tp {tp}: rank {rank} exited with status {code}{detail}; the others were stopped ({shown})")
 
 
 def _free_port() -> int:
@@ -212,11 +215,20 @@ def _start(setup: TPSetup, rank: int, spec: Path, tmp: Path, port: int) -> subpr
     cmd = [sys.executable, "-c", "import sys; from capture.teacher.tp import main; sys.exit(main())"]
     # stdout stays data (the CLI's summary): rank 0's output goes to stderr, the others' to a log
     if rank == 0:
-        return subprocess.Popen(cmd, env=env, stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno())
+        err = _stderr_fd()
+        return subprocess.Popen(cmd, env=env, stdout=err if err is not None else subprocess.DEVNULL, stderr=err)
     log = open(tmp / f"rank{rank}.log", "wb")  # noqa: SIM115 (closed with the process, below)
     p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     log.close()  # the child holds its own copy
     return p
+
+
+def _stderr_fd() -> int | None:
+    """This process's stderr as a file descriptor, or None (inherit) where sys.stderr has none."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
 
 
 def _wait_all(procs: list[subprocess.Popen]) -> tuple[int, int] | None:

@@ -175,7 +175,7 @@ def test_architecture_without_tp_plan(tmp_path):
     pytest.importorskip("accelerate")
     from transformers import GPT2Config
 
-    GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64).save_pretrained(tmp_path)
+    GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, bos_token_id=0, eos_token_id=0).save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match=r"no tensor-parallel plan for gpt2 .*run it with --tp 1"):
         tp.check_plan(str(tmp_path), 2)
 
