@@ -169,7 +169,7 @@ def test_existing_run_is_never_overwritten(tmp_path):
 
 
 def test_version_1_reference_directory_reads_forever(tmp_path):
-    """fixtures/matrix/rundir-v1 (the layout before versioning, as traces/demo holds it) is
+    """fixtures/matrix/rundir-v1 (the layout before versioning, as tracekit 0.1.0 wrote it) is
     upgraded on read: diff references from the manifest's diff_error, teacher-forced keys from
     its teacher_forced, engines without an id field."""
     rd = RunDir(V1)
