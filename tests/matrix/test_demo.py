@@ -107,7 +107,7 @@ def test_demo_end_to_end(tmp_path):
     assert div and explained == div
     assert doc["explain"]["counts"]["pairs"] == len(div) and "Cause of each flip" in p.stdout
     md = (out / "report" / "report.md").read_text()
-    assert "### Cause of each flip" in md and all(f"| {k} |" in md for _, k in div)
+    assert "### Cause of each flip" in md and all(f"| {k} " in md for _, k in div)
     assert all(q in man.files for c, _ in div for q in [f"cells/{c}/explain/variants-engine.h5"])
     # What the README promises: the demo's stdout kept beside the report.
     assert (out / "report" / "demo_stdout.txt").read_text() == p.stdout
