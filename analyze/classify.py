@@ -11,7 +11,10 @@ is a claim, and every part of it is checked (docs/analysis.md):
                  NaN or inf logprob on one side only, column agrees with top-k
   post_eos       the first difference lies after an EOS in A (A's EOS ids, never
                  guessed; not refuted by a stream that went on without ignoring EOS);
-                 the part up to the EOS is sound
+                 the part up to the EOS is sound. Or it lies at an EOS (one of A's ids)
+                 that one side emitted and the other, a llama.cpp stream run with
+                 ignore_eos, ranks first and skipped for its best non-EOS token
+                 (eos_policy.skipped_eos: each part checked, as for a flip)
   bf16_tie_flip  at t both tokens in both top-k; sane rows; each side chose its own
                  top-1 (by logit and by logprob); the gap between them within the
                  tie tolerance in each trace; both candidates moved between A and B
@@ -34,6 +37,7 @@ from tracekit.errors import ConfigError
 
 from . import evidence
 from .align import Alignment
+from .eos_policy import skipped_eos
 from .grid import FLOOR_ABS, on_grid
 from .positions import chosen_values, drift, drift_ok, eos_before, first_divergence
 from .streams import truncation
@@ -216,6 +220,7 @@ def classify(
     # The top-k rows at the D first differences: the only top-k rows read.
     D = np.flatnonzero(div)
     ev = _empty_evidence(P)
+    sides = None  # the SideRows and the top-k rows at D
     if len(D):
         rows_a, rows_b = al.off_a[D] + t[D], al.off_b[D] + t[D]
         ids_a, lps_a, lg_a = evidence.fetch_rows(al.a, rows_a)
@@ -224,6 +229,7 @@ def classify(
         rb = evidence.side_row(ids_b, lps_b, lg_b, token_b[D], token_a[D], al.b.logprob[rows_b].astype(np.float64))
         bits_a = _refine(bits_a, fixed[0], ra, D, note, "A")
         bits_b = _refine(bits_b, fixed[1], rb, D, note, "B")
+        sides = ((ra, rb), ((ids_a, lps_a, lg_a), (ids_b, lps_b, lg_b)))
     pair_bits = np.minimum(bits_a, bits_b)
     pair_dtype = np.array([BITS[int(b)] for b in pair_bits], dtype=object)
     tol = tol_columns(thr, pair_dtype)
@@ -274,17 +280,21 @@ def classify(
     tie = shared & both("tie_ok")
     boundary = shared & boundary_differs & both("num_ok")
     post = at & (eos_pos >= 0) & sound_ok & complete & (refuted == "")
+    # At an EOS one side emitted and llama.cpp's ignore_eos skipped (its sampler's -inf bias).
+    skip = skipped_eos(al, t, (token_a, token_b), eos_ids, D, *(sides or ((), ())), ev, div & main_ok & complete)
 
     cls = np.full(P, "unexplained", dtype=object)
     cls[boundary] = "cache_boundary"
     cls[tie] = "bf16_tie_flip"
-    cls[post] = "post_eos"
+    cls[post | (skip.head != "")] = "post_eos"
     cls[identical & main_ok & complete] = "identical"
     cls[~comparable] = "incomparable"
     for i in np.flatnonzero(comparable & (main.n == 0) & (main.nonfinite == 0) & (t > 0)).tolist():
         note[i] = note[i] or "drift not verified: a side stored no logprob for this request"
     for i in np.flatnonzero(post & div & ~(both("num_ok") & both("move_ok"))).tolist():
         note[i] = "after the EOS the streams differ by more than numeric noise (see gaps)"
+    for i in np.flatnonzero((cls == "unexplained") & (skip.why_not != "")).tolist():
+        note[i] = f"{note[i]}; {skip.why_not[i]}" if note[i] else skip.why_not[i]
     return dict(
         key=al.keys,
         cls=cls,
@@ -331,6 +341,8 @@ def classify(
         eos_id=_take(al.a.token_id, al.off_a + eos_pos, eos_pos >= 0),
         eos_known=np.full(P, len(eos_ids) > 0),
         eos_refuted=refuted,
+        eos_skip=skip.head,
+        eos_skipped_by=skip.by,
         incomparable=al.incomparable,
         dtype_a=np.array([BITS[int(b)] for b in bits_a], dtype=object),
         dtype_b=np.array([BITS[int(b)] for b in bits_b], dtype=object),

@@ -19,12 +19,19 @@ cites file and commit):
   stops at the first EOS whatever the capture asked.
 - tracekit serve (tracekit/engine/engine.py): as vLLM, without stop_token_ids.
 
-Reads run metadata and the classified pairs only; never the engines.
+So a llama.cpp stream that ran with ignore_eos and, where the model ranks an EOS first, took its
+best non-EOS token is no bug: `skipped_eos` checks that claim part by part (docs/analysis.md,
+"post_eos") and classify.py calls such a pair post_eos. Reads run metadata, the classified pairs
+and the top-k rows at their first differences only; never the engines.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from .evidence import GREEDY_NATS
 
 _GOES_ON = "an EOS that ranks first is emitted and generation goes on"
 # family -> (name, what its ignore_eos does, what a greedy stream does at an EOS that ranks first:
@@ -75,18 +82,20 @@ def _side(fam: str, ignored: bool) -> tuple[str, str, str | None]:
 
 _MEANS = {
     frozenset({"emits", "skips"}): (
-        "Where the model ranks an EOS first, one side emits it and the other its runner-up: the pair parts "
-        "at that EOS itself (post_eos needs an EOS in A before the difference) and the side that skipped "
-        "the EOS did not take its own top-1, so the pair is unexplained although neither engine is at fault; "
-        "every later position follows different tokens."
+        "Where the model ranks an EOS first, one side emits it and the other its best non-EOS token: the pair "
+        "parts at that EOS itself, and is post_eos when each part of that is checked (the EOS is a known id, "
+        "llama.cpp's side ran with ignore_eos and ranks that EOS first there too, its token is its best "
+        "non-EOS candidate, drift before it within tolerance, both streams complete), else unexplained; "
+        "every later position follows different tokens and is not compared."
     ),
     frozenset({"emits", "stops"}): (
         "Where the model ranks an EOS first, both take it, but one stream ends there: positions after it "
         "exist on one side only."
     ),
     frozenset({"skips", "stops"}): (
-        "Where the model ranks an EOS first, one stream ends with it and the other takes its runner-up: "
-        "the pair parts at that EOS, and the side that skipped it did not take its own top-1 (unexplained)."
+        "Where the model ranks an EOS first, one stream ends with it and the other takes its best non-EOS "
+        "token: post_eos when that is checked as above and the stream that ended was not asked to ignore "
+        "EOS (one that was counts as cut short: unexplained)."
     ),
     frozenset({"emits"}): "Both emit an EOS that ranks first and go on; they part only where a request's own "
     "stop tokens do.",
@@ -111,3 +120,109 @@ def ignore_eos_note(meta_a, meta_b, cols: dict, eos_ids) -> str:
         hit = at & (np.isin(cols["token_a"], ids) | np.isin(cols["token_b"], ids))
         out += f" {int(hit.sum())} of {len(at)} pair(s) first differ where one side emitted an EOS."
     return out + " To compare the engines themselves, capture both with --no-ignore-eos."
+
+
+# -- the benign verdict: llama.cpp skipped an EOS the other side emitted ------------------------
+
+SKIPS = "llamacpp"  # the family whose ignore_eos takes the best non-EOS token (POLICY: "skips")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Per pair [P]: where the rule fires, what happened (`head`, '' elsewhere) and the side that
+    skipped the EOS (`by`: 'A' / 'B'); where a side emitted a known EOS at the first difference
+    but the rule does not fire, why (`why_not`)."""
+
+    head: np.ndarray
+    by: np.ndarray
+    why_not: np.ndarray
+
+
+def _best_other(ids: np.ndarray, lps: np.ndarray, lg: np.ndarray | None, eos_ids: np.ndarray):
+    """[D] the top-1 of each row once every known EOS id is removed: its id (-1 when none), its
+    logprob and its logit (NaN without logits). ids/lps/lg [D, k]."""
+    keep = (ids >= 0) & ~np.isin(ids, eos_ids)
+    lp = np.where(keep & ~np.isnan(lps), lps.astype(np.float64), -np.inf)
+    j = lp.argmax(1) if lp.shape[1] else np.zeros(len(ids), np.int64)
+    r = np.arange(len(ids))
+    best_lp = lp[r, j] if lp.shape[1] else np.full(len(ids), -np.inf)
+    best_id = np.where(np.isfinite(best_lp), ids[r, j] if lp.shape[1] else -1, -1)
+    best_lg = np.full(len(ids), np.nan)
+    if lg is not None and lg.shape[1]:
+        g = np.where(keep & np.isfinite(lg), lg.astype(np.float64), -np.inf)
+        has = np.isfinite(lg).any(1)
+        best_lg = np.where(has, g.max(1), np.nan)
+    return best_id.astype(np.int64), best_lp, best_lg
+
+
+def _name(fam: str | None) -> str:
+    return POLICY[fam][0] if fam in POLICY else f"of family {fam!r}" if fam else "of unknown family"
+
+
+def skipped_eos(al, t, tokens, eos_ids, D, rows, tops, ev, sound) -> Skipped:
+    """The rule, per pair: at the first difference t side S emitted one of the known EOS ids
+    (A's, as post_eos uses them) and side L, a llama.cpp stream whose request asked ignore_eos,
+    ranks that same EOS first (by logprob, and by logit where it has logits) and chose its best
+    non-EOS candidate (its top-1 once every known EOS id is removed); S chose its own top-1,
+    went on past it only where its request ignored EOS, and is no llama.cpp with ignore_eos
+    itself; both rows sane, logits and logprobs agree, both candidates moved within the drift
+    tolerance, and `sound` ([P]: drift before t within tolerance, both streams complete).
+
+    al: Alignment; t [P]; tokens (token_a, token_b) [P]; D [D] the pairs differing at t; rows
+    (SideRow A, SideRow B) and tops ((ids, lps, logits) A, B) at D; ev: evidence columns [P]."""
+    P = len(al.keys)
+    out = Skipped(np.full(P, "", object), np.full(P, "", object), np.full(P, "", object))
+    eos_ids = np.asarray(eos_ids, dtype=np.int64)
+    if not len(D) or not len(eos_ids):
+        return out
+    fam = (family(al.a.meta), family(al.b.meta))
+    checked = sound & ev["row_ok_a"] & ev["row_ok_b"] & ev["agree_ok_a"] & ev["agree_ok_b"]
+    checked &= ev["move_ok_a"] & ev["move_ok_b"]
+    asked, n = (al.asked_a, al.asked_b), (al.n_a, al.n_b)
+    for s, o in ((0, 1), (1, 0)):  # S emitted the EOS, the other (L) may have skipped it
+        S, L, xs = "AB"[s], "AB"[o], "ab"[s]
+        tok_s, tok_l = tokens[s][D], tokens[o][D]
+        emitted = np.isin(tok_s, eos_ids)
+        if not emitted.any():
+            continue
+        row = rows[o]
+        best_id, best_lp, best_lg = _best_other(*tops[o], eos_ids)
+        top_eos = (row.top1 == tok_s) & (row.top1_lp == tok_s)
+        by_lp = row.lp_mine >= best_lp - GREEDY_NATS * np.maximum(1, np.abs(best_lp))
+        by_lg = np.isnan(best_lg) | (row.lg_mine >= best_lg)
+        best = row.has_mine & ~np.isin(tok_l, eos_ids) & by_lp & by_lg
+        for j in np.flatnonzero(emitted).tolist():
+            i, e, at = int(D[j]), int(tok_s[j]), int(t[D[j]])
+            ask_s, ask_l = asked[s][i], asked[o][i]
+            why = []
+            if fam[o] != SKIPS:
+                why.append(f"{L} is {_name(fam[o])}, not llama.cpp (only llama.cpp's ignore_eos skips an EOS)")
+            if ask_l.ignore_eos != 1:
+                said = "did not ask" if ask_l.ignore_eos == 0 else "does not say it asked"
+                why.append(f"{L}'s request {said} ignore_eos")
+            if not top_eos[j]:
+                why.append(
+                    f"{L}'s own top-1 at {at} is {int(row.top1[j])} (by logprob {int(row.top1_lp[j])}), not the EOS {e}"
+                )
+            if not best[j]:
+                why.append(f"{L}'s token {int(tok_l[j])} is not its best non-EOS candidate ({int(best_id[j])})")
+            if not ev[f"greedy_ok_{xs}"][i]:
+                why.append(f"{S}'s EOS {e} is not its own top-1 ({int(ev[f'top1_{xs}'][i])})")
+            if n[s][i] > at + 1 and ask_s.ignore_eos == 0:
+                why.append(f"{S} went on past its EOS at {at} although its request did not ignore EOS")
+            if fam[s] == SKIPS and ask_s.ignore_eos == 1:
+                why.append(f"{S} is llama.cpp with ignore_eos, which never emits an EOS")
+            if not why and checked[i] and ev[f"greedy_ok_{xs}"][i]:
+                out.head[i] = (
+                    f"{S} emitted EOS {e} at {at}; {L} (llama.cpp, ignore_eos) ranks EOS {e} first there too "
+                    "and took its best non-EOS token, as its sampler's EOS bias does"
+                )
+                out.by[i] = L
+                continue
+            said = "; ".join(why) or "the checks above fail"
+            prev = out.why_not[i]
+            out.why_not[i] = (prev + "; " if prev else "") + (
+                f"{S} emitted EOS {e} at {at}, {L} did not: not the ignore_eos difference ({said})"
+            )
+    out.why_not[out.head != ""] = ""
+    return out

@@ -102,6 +102,8 @@ def rule_text(c: C, i: int) -> str:
     if cls == "identical":
         return _identical(c, i)
     t = c["position"][i]
+    if cls == "post_eos" and c["eos_skip"][i]:
+        return _eos_skipped(c, i)
     if cls == "post_eos":
         return (
             f"A emitted EOS (id {c['eos_id'][i]}) at {c['eos_pos'][i]} before the first "
@@ -122,6 +124,18 @@ def _identical(c: C, i: int) -> str:
     else:
         tail = drift_text(c, i)
     return f"same {n} token ids; {tail} ({c['dtype'][i]}); both streams complete"
+
+
+def _eos_skipped(c: C, i: int) -> str:
+    """At an EOS one side emitted and llama.cpp's ignore_eos skipped (eos_policy.skipped_eos)."""
+    by = c["eos_skipped_by"][i]
+    x = by.lower()
+    return (
+        f"{c['eos_skip'][i]}: {by}'s token {c[f'token_{x}'][i]} lies {_dist(c, i, f'below_{x}')} below the EOS "
+        f"and is its best non-EOS candidate; moved A->B: token {c['token_a'][i]} {_dist(c, i, 'move_a', True)}, token "
+        f"{c['token_b'][i]} {_dist(c, i, 'move_b', True)} <= {_tol(c, i, 'drift', 'move_a')}; {drift_text(c, i)}; "
+        f"both streams complete; later positions follow different tokens and are not compared"
+    )
 
 
 def _benign_flip(c: C, i: int) -> str:

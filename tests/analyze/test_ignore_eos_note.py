@@ -1,7 +1,8 @@
 """`tracekit diff` says, in one note, when A and B come from engines that implement ignore_eos
 differently. Why it matters: two engines that both "ignore EOS" still part at the first position
-where the model ranks an EOS first, and the pair lands in `unexplained` with no bug in either
-engine; without the note a user hunts a bug that is a documented difference.
+where the model ranks an EOS first. Where llama.cpp's side skipped the EOS the pair is post_eos
+(each part checked); without the note a user would not know why the engines part there, nor how
+to compare them beyond it.
 
 Real traces (traces/ignore-eos/README.md): the fixture model served by `tracekit serve` and by
 llama.cpp's llama-server (f32 GGUF), 3 prompts, 64 tokens, top-5, with and without --ignore-eos.
@@ -31,13 +32,18 @@ def _note(r) -> str:
 
 def test_tracekit_serve_against_llamacpp_with_ignore_eos():
     """p11: at position 52 the model ranks EOS (id 0) first. tracekit serve emits it and goes on;
-    llama.cpp's sampler forbids it (-inf bias) and emits '\\n' (200), while the top-k it reports,
-    taken before the sampler, still ranks EOS first: unexplained, and the note says why."""
+    llama.cpp's sampler forbids it (-inf bias) and emits '\\n' (200), its best non-EOS token, while
+    the top-k it reports, taken before the sampler, still ranks EOS first: post_eos, each part of
+    that checked (analyze/eos_policy.skipped_eos), and the note says why the engines part there."""
     r = diff(SERVE, LLAMA)
-    assert r.counts()["identical"] == 2 and r.counts()["unexplained"] == 1
+    assert r.counts()["identical"] == 2 and r.counts()["post_eos"] == 1 and r.ok
     p = r.by_key("p11")
-    assert (p.cls, p.position, p.token_a, p.token_b, p.top1_b) == ("unexplained", 52, 0, 200, 0)
+    assert (p.cls, p.position, p.token_a, p.token_b, p.top1_b) == ("post_eos", 52, 0, 200, 0)
     assert p.below_b == pytest.approx(1.07, abs=0.01)  # nats below llama.cpp's own top-1, the EOS
+    assert p.rule.startswith(
+        "A emitted EOS 0 at 52; B (llama.cpp, ignore_eos) ranks EOS 0 first there too and took its best "
+        "non-EOS token, as its sampler's EOS bias does: B's token 200 lies 1.07 nats below the EOS"
+    )
     with TraceReader(LLAMA) as t:
         i = list(t.requests.key).index("p11")
         tok = t.tokens(i)
@@ -45,7 +51,7 @@ def test_tracekit_serve_against_llamacpp_with_ignore_eos():
     note = _note(r)
     assert note.startswith("A is tracekit serve, B is llama.cpp, both ran with ignore_eos")
     assert "a -inf bias in its sampler: an EOS is never emitted" in note
-    assert "the pair is unexplained although neither engine is at fault" in note
+    assert "the pair parts at that EOS itself, and is post_eos when each part of that is checked" in note
     assert "1 of 3 pair(s) first differ where one side emitted an EOS" in note
     assert "capture both with --no-ignore-eos" in note
     assert f"note: {note}" in text(r).splitlines()  # printed once, as one line
@@ -53,8 +59,11 @@ def test_tracekit_serve_against_llamacpp_with_ignore_eos():
 
 
 def test_the_note_names_each_side_as_it_is():
-    note = _note(diff(LLAMA, SERVE))
-    assert note.startswith("A is llama.cpp, B is tracekit serve, both ran with ignore_eos")
+    """llama.cpp as A: B emitted the EOS (an id of A's run metadata), A skipped it."""
+    r = diff(LLAMA, SERVE)
+    assert _note(r).startswith("A is llama.cpp, B is tracekit serve, both ran with ignore_eos")
+    p = r.by_key("p11")
+    assert p.cls == "post_eos" and p.rule.startswith("B emitted EOS 0 at 52; A (llama.cpp, ignore_eos) ranks EOS 0")
 
 
 def test_without_ignore_eos_there_is_no_note_and_the_engines_agree():
@@ -92,9 +101,9 @@ def test_older_traces_take_the_family_from_the_engine_report(engine, want):
 @pytest.mark.parametrize(
     "a,b,said",
     [
-        (("vllm", True), ("llamacpp", True), "the pair parts at that EOS itself"),
+        (("vllm", True), ("llamacpp", True), "the pair parts at that EOS itself, and is post_eos when"),
         (("sglang", [False, True]), ("tracekit", False), "both take it, but one stream ends there"),
-        (("llamacpp", True), ("tgi", True), "one stream ends with it and the other takes its runner-up"),
+        (("llamacpp", True), ("tgi", True), "one stream ends with it and the other takes its best non-EOS"),
         (("vllm", True), ("sglang", True), "they part only where a request's own stop tokens do"),
         (("tgi", True), ("vllm", True), "TGI: no ignore_eos switch: it stops at the first EOS"),
         (("acme", True), ("vllm", True), "what its ignore_eos does is not known here"),
