@@ -67,6 +67,22 @@ def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _open_for_append(group: h5py.Group, name: str) -> h5py.Dataset:
+    """A dataset opened with a raw-data chunk cache for appending: none for plain chunks (each
+    append is written straight to its place in the file), one chunk for compressed ones (the
+    chunk being filled is not decompressed again at every append). HDF5's default, 1 MiB per
+    dataset, kept every chunk written while it fitted; an append-only writer never reads one
+    back, and a capture's memory grew with its rows (~1.2 KB a request: +53 MB over 48,000
+    12-token requests, the same append cost without it)."""
+    ds = group[name]
+    chunk_bytes = int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else 0
+    nbytes = chunk_bytes if ds.compression else 0
+    del ds  # the cache is set when a dataset is first opened: no other handle may be open
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    dapl.set_chunk_cache(1, nbytes, 1.0)  # (slots, bytes, w0)
+    return h5py.Dataset(h5py.h5d.open(group.id, name.encode(), dapl=dapl))
+
+
 class TraceWriter:
     """Append requests to a new trace. Use as a context manager.
 
@@ -235,7 +251,11 @@ class TraceWriter:
     def _handles(self) -> dict:
         """Every dataset of the file by path, looked up once (used by append_many)."""
         if getattr(self, "_ds_cache", None) is None:
-            self._ds_cache = {f"{g}/{n}": self._f[g][n] for g in ("tokens", "requests", "prompt") for n in self._f[g]}
+            self._ds_cache = {
+                f"{g}/{n}": _open_for_append(self._f[g], n)
+                for g in ("tokens", "requests", "prompt")
+                for n in self._f[g]
+            }
         return self._ds_cache
 
     @staticmethod
