@@ -139,20 +139,22 @@ class Skipped:
 
 
 def _best_other(ids: np.ndarray, lps: np.ndarray, lg: np.ndarray | None, eos_ids: np.ndarray):
-    """[D] the top-1 of each row once every known EOS id is removed: its id (-1 when none), its
-    logprob and its logit (NaN without logits). ids/lps/lg [D, k]."""
+    """[D] the top-1 of each row once every known EOS id is removed, by logprob and by logit:
+    (id, logprob, id, logit); id -1 and value -inf / NaN when there is none (logit: no logits).
+    ids/lps/lg [D, k]."""
+    D, k = ids.shape
     keep = (ids >= 0) & ~np.isin(ids, eos_ids)
-    lp = np.where(keep & ~np.isnan(lps), lps.astype(np.float64), -np.inf)
-    j = lp.argmax(1) if lp.shape[1] else np.zeros(len(ids), np.int64)
-    r = np.arange(len(ids))
-    best_lp = lp[r, j] if lp.shape[1] else np.full(len(ids), -np.inf)
-    best_id = np.where(np.isfinite(best_lp), ids[r, j] if lp.shape[1] else -1, -1)
-    best_lg = np.full(len(ids), np.nan)
-    if lg is not None and lg.shape[1]:
-        g = np.where(keep & np.isfinite(lg), lg.astype(np.float64), -np.inf)
-        has = np.isfinite(lg).any(1)
-        best_lg = np.where(has, g.max(1), np.nan)
-    return best_id.astype(np.int64), best_lp, best_lg
+    r = np.arange(D)
+    out = []
+    for x in (lps, lg):
+        if x is None or not k or not np.isfinite(x).any():
+            out += [np.full(D, -1, np.int64), np.full(D, np.nan if x is lg else -np.inf)]
+            continue
+        v = np.where(keep & ~np.isnan(x), x.astype(np.float64), -np.inf)
+        j = v.argmax(1)
+        best = v[r, j]
+        out += [np.where(np.isneginf(best), -1, ids[r, j]).astype(np.int64), best]
+    return tuple(out)
 
 
 def _name(fam: str | None) -> str:
@@ -186,10 +188,10 @@ def skipped_eos(al, t, tokens, eos_ids, D, rows, tops, ev, sound) -> Skipped:
         if not emitted.any():
             continue
         row = rows[o]
-        best_id, best_lp, best_lg = _best_other(*tops[o], eos_ids)
+        id_lp, best_lp, id_lg, best_lg = _best_other(*tops[o], eos_ids)
         top_eos = (row.top1 == tok_s) & (row.top1_lp == tok_s)
         by_lp = row.lp_mine >= best_lp - GREEDY_NATS * np.maximum(1, np.abs(best_lp))
-        by_lg = np.isnan(best_lg) | (row.lg_mine >= best_lg)
+        by_lg = np.isnan(best_lg) | (row.lg_mine >= best_lg)  # a row without logits: by logprob only
         best = row.has_mine & ~np.isin(tok_l, eos_ids) & by_lp & by_lg
         for j in np.flatnonzero(emitted).tolist():
             i, e, at = int(D[j]), int(tok_s[j]), int(t[D[j]])
@@ -201,18 +203,18 @@ def skipped_eos(al, t, tokens, eos_ids, D, rows, tops, ev, sound) -> Skipped:
                 said = "did not ask" if ask_l.ignore_eos == 0 else "does not say it asked"
                 why.append(f"{L}'s request {said} ignore_eos")
             if not top_eos[j]:
-                why.append(
-                    f"{L}'s own top-1 at {at} is {int(row.top1[j])} (by logprob {int(row.top1_lp[j])}), not the EOS {e}"
-                )
+                lp_said = f" (by logprob {int(row.top1_lp[j])})" if row.top1_lp[j] != row.top1[j] else ""
+                why.append(f"{L}'s own top-1 at {at} is {int(row.top1[j])}{lp_said}, not the EOS {e}")
             if not best[j]:
-                why.append(f"{L}'s token {int(tok_l[j])} is not its best non-EOS candidate ({int(best_id[j])})")
+                other = int(id_lp[j]) if not by_lp[j] or by_lg[j] else int(id_lg[j])
+                why.append(f"{L}'s token {int(tok_l[j])} is not its best non-EOS candidate ({other})")
             if not ev[f"greedy_ok_{xs}"][i]:
                 why.append(f"{S}'s EOS {e} is not its own top-1 ({int(ev[f'top1_{xs}'][i])})")
             if n[s][i] > at + 1 and ask_s.ignore_eos == 0:
                 why.append(f"{S} went on past its EOS at {at} although its request did not ignore EOS")
             if fam[s] == SKIPS and ask_s.ignore_eos == 1:
                 why.append(f"{S} is llama.cpp with ignore_eos, which never emits an EOS")
-            if not why and checked[i] and ev[f"greedy_ok_{xs}"][i]:
+            if not why and checked[i]:
                 out.head[i] = (
                     f"{S} emitted EOS {e} at {at}; {L} (llama.cpp, ignore_eos) ranks EOS {e} first there too "
                     "and took its best non-EOS token, as its sampler's EOS bias does"
