@@ -15,7 +15,8 @@ logprobs, malformed top-k rows, greedy), test_redteam_streams.py (EOS,
 truncated streams), test_redteam_requests.py (cached tokens, sampled or
 different requests, which rows are compared), test_redteam_grid.py (dtype and
 grid, raw-logits drift), test_redteam_benign.py (genuine benign cases and the
-bugs just beyond each tolerance).
+bugs just beyond each tolerance), test_redteam_eos_policy.py (the EOS that
+llama.cpp's ignore_eos skipped, each part of that post_eos broken alone).
 
 Why it matters: a reviewer merges on "0 unexplained". One arrangement of
 numbers that makes a real bug benign, and some engine will produce it.
