@@ -15,9 +15,12 @@ Builders and the method: redteam_builders.py."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from redteam_builders import (
     BASE,
     EOS,
@@ -300,3 +303,21 @@ def test_real_traces_without_ignore_eos_stay_identical():
     r = diff(TRACES / "serve.no-ignore-eos.h5", TRACES / "llamacpp.no-ignore-eos.h5")
     assert r.counts()["identical"] == 3 and r.ok
     assert [p.len_a for p in r.pairs] == [p.len_b for p in r.pairs]
+
+
+GRID = st.integers(136, 160).map(lambda n: n / 8)  # logits 17 .. 20 on the BF16 grid near there
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(eos=GRID, y=GRID, z=GRID, raw=st.booleans())
+def test_the_rule_holds_exactly_where_the_eos_ranks_first_and_the_token_is_the_best_other(eos, y, z, raw):
+    """Both sides report the same row (EOS, Y, Z); A emitted the EOS, llama.cpp's B took Y. It is
+    post_eos exactly when the EOS ranks first in it and Y is the best non-EOS candidate (a tie with
+    Z allowed); on every other side of those boundaries, unexplained. With and without B's logits."""
+    assume(eos not in (y, z))  # an EOS tied for first: which one an engine lists first is its choice
+    row = [(EOS, eos), (Y, y), (Z, z)]
+    c = skip_case(row_a=row, row_b=row, raw_b=raw, expect=("post_eos", "unexplained"))
+    with tempfile.TemporaryDirectory() as d:
+        r, p = judge(Path(d), c)
+    want = "post_eos" if eos > max(y, z) and y >= z else "unexplained"
+    assert p.cls == want, (eos, y, z, p.rule)
