@@ -45,6 +45,9 @@ def log(msg: str) -> None:
 def tracekit(*args, check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tracekit", *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if _LOG:  # every command's stderr, whole, beside the progress log
+        with (_LOG.parent / "commands.log").open("a") as f:
+            f.write(f"$ {' '.join(cmd)}\n{p.stderr}\n[exit {p.returncode}]\n")
     if check and p.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-3000:]}")
     return p

@@ -321,6 +321,31 @@ def _init_process_group(setup: TPSetup, rank: int) -> None:
         if setup.backend == "nccl":
             kw["device_id"] = torch.device("cuda", setup.devices[rank])
     dist.init_process_group(setup.backend, rank=rank, world_size=setup.tp, timeout=timedelta(minutes=30), **kw)
+    if setup.backend == "gloo" and setup.device_type == "cuda":
+        _plain_all_gather()
+
+
+def _plain_all_gather() -> None:
+    """gloo with CUDA tensors: torch 2.11's functional all-gather (what DTensor's redistribute
+    calls, e.g. for the LM head's `colwise_gather_output`) segfaults in wait_tensor on an H200,
+    while the plain `all_gather_into_tensor` on the same tensors works. Route the functional call
+    through the plain one: a gather copies, it does no arithmetic, so the logits are the same."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed import distributed_c10d as c10d
+
+    def gather(self, gather_dim, group, tag=""):
+        pg = c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
+        n = dist.get_world_size(pg)
+        src = self.contiguous()
+        out = torch.empty((n * src.shape[0], *src.shape[1:]), dtype=src.dtype, device=src.device)
+        dist.all_gather_into_tensor(out, src, group=pg)
+        return out if gather_dim == 0 else torch.cat(out.chunk(n, dim=0), dim=gather_dim)
+
+    funcol.all_gather_tensor = gather
+    if hasattr(funcol, "all_gather_single"):
+        funcol.all_gather_single = gather
 
 
 def main() -> int:
