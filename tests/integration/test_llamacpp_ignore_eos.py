@@ -2,8 +2,10 @@
 
 Why it matters: both engines "ignore EOS", yet where the model ranks an EOS first tracekit serve
 emits it and goes on while llama.cpp's sampler forbids it (-inf bias) and emits the runner-up; its
-logprobs, taken before the sampler, still rank the EOS first. `tracekit diff` must say so in one
-note instead of leaving an unexplained pair to be hunted as a bug. traces/ignore-eos/ holds the
+logprobs, taken before the sampler, still rank the EOS first. `tracekit diff` must call that pair
+a checked `post_eos` (llama.cpp's own top-1 is the EOS A emitted, its token the best non-EOS one)
+and say in one note how the engines differ, instead of leaving an unexplained pair to be hunted
+as a bug. traces/ignore-eos/ holds the
 same captures for the always-run test (tests/analyze/test_ignore_eos_note.py).
 """
 
@@ -40,7 +42,9 @@ def test_ignore_eos_differs_between_engines_and_diff_says_so(llama, serve, captu
     p = r.by_key("p11")
     notes = [n for n in r.notes if "ignore_eos" in n]
     if ignore:
-        assert (p.cls, p.position, p.token_a, p.token_b) == ("unexplained", 52, 0, 200)
+        assert (p.cls, p.position, p.token_a, p.token_b) == ("post_eos", 52, 0, 200)
+        assert "llama.cpp, ignore_eos" in p.rule and "best non-EOS" in p.rule, p.rule
+        assert r.ok  # exit 0
         assert len(notes) == 1 and notes[0].startswith("A is tracekit serve, B is llama.cpp, both ran")
     else:
         assert p.cls == "identical" and (p.len_a, p.len_b) == (53, 53) and notes == []
