@@ -91,4 +91,17 @@ def _verdict(conf: dict[tuple[str, str], int], token_a: int, token_b: int) -> st
     flips = sorted(to_b + vs_full, key=lambda c: c[0] == "full")
     names = ", ".join(f"{h} {d}".strip() for h, d in flips[:4]) + (" …" if len(flips) > 4 else "")
     n_a = sum(a == token_a for a in conf.values())
-    return f"reproduced by {names} ({len(to_b)}/{n} pick B's token, {n_a}/{n} A's)"
+    return f"reproduced by {names} ({len(to_b)}/{n} pick B's token, {n_a}/{n} A's){_fp32_side(conf, token_a, token_b)}"
+
+
+def _fp32_side(conf: dict[tuple[str, str], int], token_a: int, token_b: int) -> str:
+    """Which side the FP32 full-history argmax (the nearest thing to ground truth) agrees with:
+    when it is B's token, A is the run that rounded away, not B."""
+    ref = conf.get(("full", "fp32"))
+    if ref is None:
+        return ""
+    if ref == token_b:
+        return "; FP32 full history picks B's token: A is the side that rounded away from it"
+    if ref == token_a:
+        return "; FP32 full history picks A's token"
+    return f"; FP32 full history picks neither ({ref})"

@@ -46,7 +46,10 @@ def test_teacher_forced_verdicts(traces):
     a, b, d = traces
     r = diff(a, b, teacher=d)
     got = {p.key: (p.cls, p.teacher) for p in r.pairs}
-    assert got["rep"] == ("bf16_tie_flip", "reproduced by prefix:2 bf16 (1/3 pick B's token, 2/3 A's)")
+    assert got["rep"] == (
+        "bf16_tie_flip",
+        "reproduced by prefix:2 bf16 (1/3 pick B's token, 2/3 A's); FP32 full history picks A's token",
+    )
     assert got["norep"] == ("bf16_tie_flip", "not reproduced (3 configurations)")
     assert got["nodiag"][1] == "no diagnostic row for this key"
     assert got["other"][1].startswith("not comparable")
@@ -65,6 +68,18 @@ def test_history_that_differs_from_full_counts_as_reproduced(tmp_path):
         source="teacher_forced",
     )
     assert diff(a, b, teacher=d).by_key("k").teacher == "reproduced by prefix:2 bf16 (0/2 pick B's token, 1/2 A's)"
+
+
+def test_fp32_full_history_names_the_side_that_rounded_away(tmp_path):
+    """Every configuration, FP32 full history included, picks B's token: that is not "FP32
+    reproduces the flip" but "the serial run A rounded away from the FP32 choice"; said so."""
+    a = write_trace(tmp_path / "a.h5", [Req("k", A, rows={2: flip(7, 99, -0.7, -0.75)})])
+    b = write_trace(tmp_path / "b.h5", [Req("k", B, rows={2: flip(99, 7, -0.7, -0.75)})])
+    conf = {("full", "fp32"): 99, ("full", "bf16"): 99, ("decode", "fp32"): 99, ("decode", "bf16"): 7}
+    d = write_trace(tmp_path / "d.h5", _diag_rows("k", A, conf), raw=True, source="teacher_forced")
+    got = diff(a, b, teacher=d).by_key("k").teacher
+    assert got.startswith("reproduced by ") and "(3/4 pick B's token, 1/4 A's)" in got
+    assert got.endswith("; FP32 full history picks B's token: A is the side that rounded away from it")
 
 
 def test_diff_against_teacher_forced_rows_needs_a_selection(traces):
