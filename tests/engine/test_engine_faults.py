@@ -18,15 +18,16 @@ from engine_helpers import greedy, run_serial
 from tracekit.engine.faults import Fault, parse_fault, prompt_ids_sha256
 from tracekit.errors import ConfigError
 
-BODY = "    def method(self, value):\n        return self.value + value\n\n"
 
-
-def _pair(tag: str) -> list[dict]:
-    """Two requests sharing a 3-block header unique to this test: the second one hits the cache."""
-    header = f"# {tag}\n" + "class Reader:\n    def __init__(self, path):\n        self.path = path\n\n" * 2
+def _pair(tag: bytes) -> list[dict]:
+    """Two requests sharing a 3-block header (48 token ids) unique to this test: the second one hits
+    the cache at 48. Token ids, not text: a text header's length in tokens would depend on how the
+    unique tag tokenizes, and with it whether the second request's own tail completes a block (then
+    a rerun of it would reuse one block more than its first run did, and meet other noise)."""
+    header = [100 + b for b in tag] + list(range(300, 332))  # 16 unique ids + 32 fixed ones
     return [
-        greedy(header + BODY, 8, logprobs=5, return_raw_logits=True),
-        greedy(header + "def other(x):\n", 8, logprobs=5, return_raw_logits=True),
+        greedy(header + list(range(400, 420)), 8, logprobs=5, return_raw_logits=True),
+        greedy(header + list(range(500, 505)), 8, logprobs=5, return_raw_logits=True),
     ]
 
 
@@ -56,7 +57,7 @@ def test_eps_zero_is_bitwise_the_healthy_engine(engine_factory, engine):
     """perturb-kv:0 runs the whole fault path (noise drawn, blocks rescaled and rounded back) and
     must serve exactly the healthy engine's logits: the sweep's zero point is truly zero."""
     zero = engine_factory("--inject-fault", "perturb-kv:0")
-    bodies = _pair(uuid.uuid4().hex)
+    bodies = _pair(uuid.uuid4().bytes)
     want, got = run_serial(engine.url, bodies), run_serial(zero.url, bodies)
     assert got[1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32
     assert [_logits(r) for r in got] == [_logits(r) for r in want]
@@ -72,13 +73,15 @@ def test_perturbation_changes_logits_after_a_hit_only(engine_factory, engine):
     one that computed its prompt itself does not; the same hit twice gets the same noise
     (deterministic); /v1/models and /fault_log report the fault and what it changed."""
     faulty = engine_factory("--inject-fault", "perturb-kv:0.05")
-    bodies = _pair(uuid.uuid4().hex)
+    bodies = _pair(uuid.uuid4().bytes)
     want, got = run_serial(engine.url, bodies), run_serial(faulty.url, bodies)
     assert got[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert _logits(got[0]) == _logits(want[0])  # no hit, no fault
     assert got[1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32
     assert _logits(got[1]) != _logits(want[1])
     again = run_serial(faulty.url, bodies[1:])[0]
+    cached = [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (got[1], again)]
+    assert cached == [48, 48]  # the same hit: the header's three blocks, nothing more
     assert _logits(again) == _logits(got[1])  # the block's noise is seeded by its key
     _, models = _get(faulty.url, "/v1/models")
     assert models["data"][0]["meta"]["inject_fault"] == "perturb-kv:0.05"
