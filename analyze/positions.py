@@ -82,8 +82,10 @@ def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
     bad = np.zeros(len(col_a), bool)
     said = np.full((len(col_a), 3), np.nan)
     for side, (col, top) in enumerate(((col_b, top_b), (col_a, top_a))):  # A's written last: A first
-        # NaN compares False: only positions where both are known can disagree.
-        off = np.flatnonzero(np.abs(col - top) > COLUMN_VS_TOPK_NATS * np.maximum(1, np.abs(top)))
+        # NaN compares False: only positions where both are known can disagree (-inf on both
+        # sides agrees: its difference is NaN, quietly).
+        with np.errstate(invalid="ignore"):
+            off = np.flatnonzero(np.abs(col - top) > COLUMN_VS_TOPK_NATS * np.maximum(1, np.abs(top)))
         said[off, 0], said[off, 1], said[off, 2] = 1 - side, col[off], top[off]
         bad[off] = True
     va = np.where(np.isnan(col_a), top_a, col_a)
