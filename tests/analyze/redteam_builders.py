@@ -230,3 +230,20 @@ def cli_exits_1(tmp_path, c: Case) -> None:
     pair = next(x for x in json.loads(p.stdout)["pairs"] if x["key"] == "k")
     assert p.returncode == 1, pair["rule"]
     assert pair["class"] in ("unexplained", "incomparable"), pair["rule"]
+
+
+def family_tests(cases: dict, fixed: dict, fooled: dict):
+    """The two tests every family file runs, bound to its tables (assign them to module names
+    starting with `test_` and pytest collects them): its records name its own cases, and no bug
+    is benign (a FOOLED case is an xfail, strict)."""
+
+    def test_records_name_cases_of_this_family():
+        records_hold(cases, fixed, fooled)
+
+    @pytest.mark.parametrize("name", marked(cases, fooled, "fooled"))
+    def test_bug_is_not_benign(tmp_path, name):
+        c = cases[name]
+        r, p = judge(tmp_path, c)
+        assert_sound(r, p, c)
+
+    return test_records_name_cases_of_this_family, test_bug_is_not_benign

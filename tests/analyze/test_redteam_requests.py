@@ -5,7 +5,6 @@ Builders and the method: redteam_builders.py."""
 
 from __future__ import annotations
 
-import pytest
 from redteam_builders import (
     BASE,
     GREEDY,
@@ -14,13 +13,10 @@ from redteam_builders import (
     T,
     X,
     Y,
-    assert_sound,
     default_row,
+    family_tests,
     flipped,
-    judge,
-    marked,
     prompt_hash,
-    records_hold,
     softmax_row,
     tie_rows,
 )
@@ -120,12 +116,4 @@ FIXED = {
 FOOLED: dict[str, str] = {}  # what fools it today
 
 
-def test_records_name_cases_of_this_family():
-    records_hold(CASES, FIXED, FOOLED)
-
-
-@pytest.mark.parametrize("name", marked(CASES, FOOLED, "fooled"))
-def test_bug_is_not_benign(tmp_path, name):
-    c = CASES[name]
-    r, p = judge(tmp_path, c)
-    assert_sound(r, p, c)
+test_records_name_cases_of_this_family, test_bug_is_not_benign = family_tests(CASES, FIXED, FOOLED)

@@ -17,13 +17,11 @@ from redteam_builders import (
     X,
     Y,
     Z,
-    assert_sound,
     cli_exits_1,
     default_row,
+    family_tests,
     flipped,
-    judge,
     marked,
-    records_hold,
     shifted,
     softmax_row,
     tie_rows,
@@ -192,15 +190,7 @@ FIXED = {
 FOOLED: dict[str, str] = {}  # what fools it today
 
 
-def test_records_name_cases_of_this_family():
-    records_hold(CASES, FIXED, FOOLED)
-
-
-@pytest.mark.parametrize("name", marked(CASES, FOOLED, "fooled"))
-def test_bug_is_not_benign(tmp_path, name):
-    c = CASES[name]
-    r, p = judge(tmp_path, c)
-    assert_sound(r, p, c)
+test_records_name_cases_of_this_family, test_bug_is_not_benign = family_tests(CASES, FIXED, FOOLED)
 
 
 @pytest.mark.parametrize(
