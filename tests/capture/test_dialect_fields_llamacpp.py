@@ -13,26 +13,11 @@ from dialect_fields_shared import (
     TOP_IDS,
     TOP_LPS,
     body_of,
-    capture_cache,
-    one_capture,
     parse_with,
 )
 from replay import routes_for
 
 from tracekit.errors import ResponseShapeError
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """captured(variant) -> the capture of a variant of dialect_fields_shared.VARIANTS, made once here."""
-    return capture_cache(tmp_path_factory.mktemp("fields"))
-
-
-@pytest.fixture
-def one(tmp_path):
-    """one(routes, prompt, stream, **options): a capture that is not shared."""
-    return one_capture(tmp_path)
-
 
 LLAMA = ["llamacpp-stream", "llamacpp-nonstream"]
 

@@ -1,7 +1,8 @@
 """One test per field the sglang dialect reads: SGLang 0.5.23, native /generate, /tokenize,
 /server_info and /model_info. Its transcripts are constructed from the response models of SGLang's
 source (fixtures/transcripts/README.md cites repository, file and commit); every docstring names
-the source file a field was read from. Shared setup: dialect_fields_shared.py."""
+the source file a field was read from. Shared setup: dialect_fields_shared.py; the
+`captured` and `one` fixtures: conftest.py."""
 
 from __future__ import annotations
 
@@ -18,28 +19,13 @@ from dialect_fields_shared import (
     TOP_IDS,
     TOP_LPS,
     body_of,
-    capture_cache,
     capture_one,
     events_of,
-    one_capture,
     parse_with,
 )
 from replay import load, routes_for
 
 from capture.dialects import RequestSpec, get
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """captured(variant) -> the capture of a variant of dialect_fields_shared.VARIANTS, made once here."""
-    return capture_cache(tmp_path_factory.mktemp("fields"))
-
-
-@pytest.fixture
-def one(tmp_path):
-    """one(routes, prompt, stream, **options): a capture that is not shared."""
-    return one_capture(tmp_path)
-
 
 SGLANG = ["sglang-stream", "sglang-stream-incremental", "sglang-nonstream"]
 

@@ -1,7 +1,8 @@
 """One test per field the tgi dialect reads: TGI v3.3.7, /generate, /generate_stream, /info and
 /tokenize. Its transcripts are constructed from the response models of TGI's source
 (fixtures/transcripts/README.md cites repository, file and commit); every docstring names the
-source file a field was read from. Shared setup: dialect_fields_shared.py."""
+source file a field was read from. Shared setup: dialect_fields_shared.py; the
+`captured` and `one` fixtures: conftest.py."""
 
 from __future__ import annotations
 
@@ -18,10 +19,8 @@ from dialect_fields_shared import (
     TOP_IDS,
     TOP_LPS,
     body_of,
-    capture_cache,
     capture_one,
     events_of,
-    one_capture,
     parse_with,
 )
 from replay import ReplayServer, load, routes_for
@@ -30,19 +29,6 @@ from capture.capture_run import CaptureConfig, run_capture
 from capture.dialects import Acc, RequestSpec, get
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """captured(variant) -> the capture of a variant of dialect_fields_shared.VARIANTS, made once here."""
-    return capture_cache(tmp_path_factory.mktemp("fields"))
-
-
-@pytest.fixture
-def one(tmp_path):
-    """one(routes, prompt, stream, **options): a capture that is not shared."""
-    return one_capture(tmp_path)
-
 
 TGI = ["tgi-stream", "tgi-nonstream"]
 

@@ -1,7 +1,8 @@
 """One test per field the vllm dialect reads: vLLM 0.33.0, /v1/completions with
 return_tokens_as_token_ids and return_token_ids. Its transcripts are constructed from the response
 models of vLLM's source (fixtures/transcripts/README.md cites repository, file and commit); every
-docstring names the source file a field was read from. Shared setup: dialect_fields_shared.py."""
+docstring names the source file a field was read from. Shared setup: dialect_fields_shared.py; the
+`captured` and `one` fixtures: conftest.py."""
 
 from __future__ import annotations
 
@@ -15,25 +16,11 @@ from dialect_fields_shared import (
     TOP_IDS,
     TOP_LPS,
     body_of,
-    capture_cache,
     events_of,
-    one_capture,
     parse_with,
     routes_with,
 )
 from replay import routes_for
-
-
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """captured(variant) -> the capture of a variant of dialect_fields_shared.VARIANTS, made once here."""
-    return capture_cache(tmp_path_factory.mktemp("fields"))
-
-
-@pytest.fixture
-def one(tmp_path):
-    """one(routes, prompt, stream, **options): a capture that is not shared."""
-    return one_capture(tmp_path)
 
 
 @pytest.mark.parametrize("variant", ["vllm-stream", "vllm-nonstream"])
