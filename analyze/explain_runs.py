@@ -1,5 +1,5 @@
 """Scoring the runs of `tracekit explain`: each variant run of a pair, at its first
-differing position t, against A's tokens (see `analyze.explain` for the outcomes
+differing position t, against A's tokens (see `tracekit.analyze.explain` for the outcomes
 and what makes a run numeric), and the teacher-forced top-1 at t."""
 
 from __future__ import annotations

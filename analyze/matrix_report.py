@@ -93,7 +93,7 @@ class Report:
 
 
 def diff_document(a: Path, b: Path, teacher: Path | None = None) -> dict:
-    """The differ of a matrix run (capture.matrix.run): analyze.diff with defaults -> tracekit.diff/1."""
+    """The differ of a matrix run (tracekit.capture.matrix.run): analyze.diff with defaults -> tracekit.diff/1."""
     from .compare import diff
 
     return diff(a, b, teacher=teacher).to_json()

@@ -15,7 +15,7 @@ top-2 gaps says how fragile the run is. Per prompt:
   the reference's prefix it is one trial, and a flip when it picks another
   token there. Trials are binned by the reference's top-2 gap at t, in nats
   (logprobs) and, with raw logits, in steps of the run's grid
-  (`analyze.grid`). flips / trials per bin estimates P(flip | gap).
+  (`tracekit.analyze.grid`). flips / trials per bin estimates P(flip | gap).
 
 Headline, after Thinking Machines' "1000 completions -> 80 unique, first split
 at token 103": `1600 completions of 8 prompts -> 23 unique, first split at
@@ -193,7 +193,7 @@ def _top2_gaps(r: TraceReader, bits: int | None) -> tuple[np.ndarray, np.ndarray
         return nats, None
     lg = r.column("topk_logit", slice(0, n)).astype(np.float64)
     with np.errstate(all="ignore"):
-        scale = np.nanmax(np.abs(lg), axis=1)  # the row's magnitude floors the grid (analyze.grid)
+        scale = np.nanmax(np.abs(lg), axis=1)  # the row's magnitude floors the grid (tracekit.analyze.grid)
     return nats, np.abs(steps(lg[:, 0], lg[:, 1], bits, scale))
 
 

@@ -1,5 +1,5 @@
 """How `tracekit stats` shows a `StatsResult`: the text tables and the PNG (matplotlib,
-Agg, imported lazily). The numbers are computed in `analyze.stats`."""
+Agg, imported lazily). The numbers are computed in `tracekit.analyze.stats`."""
 
 from __future__ import annotations
 

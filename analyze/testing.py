@@ -1,6 +1,6 @@
 """A pytest helper an engine's own test suite can import:
 
-    from analyze.testing import assert_equivalent
+    from tracekit.analyze.testing import assert_equivalent
     assert_equivalent("serial.h5", "concurrent.h5", allow={"bf16_tie_flip", "post_eos"})
 
 It fails (AssertionError, so pytest shows it as a test failure) when any pair
@@ -18,7 +18,7 @@ from .classify import CLASSES
 def assert_equivalent(a, b, allow: set[str] | frozenset[str] | tuple = (), max_listed: int = 20, **diff_kwargs):
     """Diff b against a; raise AssertionError listing the pairs whose class is not allowed.
 
-    `a`/`b` are paths or TraceReaders; `diff_kwargs` go to analyze.diff
+    `a`/`b` are paths or TraceReaders; `diff_kwargs` go to tracekit.analyze.diff
     (thresholds, selections, eos). Returns the DiffResult when it passes.
     """
     from .compare import diff

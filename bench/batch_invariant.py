@@ -3,7 +3,7 @@
 For the demo's three prompt sets, on a BF16 engine with 8 slots and the prefix
 cache on (the demo's setting), with and without --batch-invariant: a serial
 capture (concurrency 1), then a burst at concurrency 8 (the burst reuses the
-prefixes the serial run cached), diffed with `analyze.diff`. Prints per set and
+prefixes the serial run cached), diffed with `tracekit.analyze.diff`. Prints per set and
 mode: identical N/N, bitwise N/N, burst tokens/s; and the throughput ratio
 (batch-invariant / batched) at concurrency 8.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analyze import diff  # noqa: E402
-from capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.analyze import diff  # noqa: E402
+from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
 from tracekit.engine.process import start_engine  # noqa: E402
 
 SETS = {"code16": "tiny.jsonl", "prefix8": "cpu_small.jsonl", "study128": "study_128.jsonl"}

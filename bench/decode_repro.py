@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.diagnostic_bench import build_model  # noqa: E402
-from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.trie import run_histories  # noqa: E402
+from tracekit.capture.teacher.history import parse_histories  # noqa: E402
+from tracekit.capture.teacher.trie import run_histories  # noqa: E402
 
 
 def chains(lm, batch: int, prompt: int, gen: int, backends) -> dict:

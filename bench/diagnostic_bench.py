@@ -33,12 +33,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.gpu_study.models import CONFIGS as PUBLISHED  # noqa: E402
-from capture.teacher.diagnostic import DiagnosticConfig  # noqa: E402
-from capture.teacher.graphs import STATS as GRAPH_STATS  # noqa: E402
-from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.model import ATTNS, resolve_attn, wrap_model  # noqa: E402
-from capture.teacher.scoring import score  # noqa: E402
-from capture.teacher.trie import run_histories  # noqa: E402
+from tracekit.capture.teacher.diagnostic import DiagnosticConfig  # noqa: E402
+from tracekit.capture.teacher.graphs import STATS as GRAPH_STATS  # noqa: E402
+from tracekit.capture.teacher.history import parse_histories  # noqa: E402
+from tracekit.capture.teacher.model import ATTNS, resolve_attn, wrap_model  # noqa: E402
+from tracekit.capture.teacher.scoring import score  # noqa: E402
+from tracekit.capture.teacher.trie import run_histories  # noqa: E402
 from tracekit.dtypes import torch_dtype  # noqa: E402
 
 PEAK_BF16_FLOPS = 768e12

@@ -4,7 +4,7 @@ Two synthetic traces of N positions (default 1,000,000) with top-20 ids,
 logprobs and raw logits, written through TraceWriter, with planted
 divergences of every class. Measured side by side in one run:
 
-  tracekit        analyze.diff(A, B): read + align + classify, vectorised
+  tracekit        tracekit.analyze.diff(A, B): read + align + classify, vectorised
   per-position    the check_logprobs_close way: read the columns, build the
                   per-position {id: logprob} top-k dicts it consumes, run its
                   rule (first differing position: each token in the other's top-k)
@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analyze import diff  # noqa: E402
+from tracekit.analyze import diff  # noqa: E402
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns  # noqa: E402
 from tracekit.store import TraceReader, TraceWriter  # noqa: E402
 

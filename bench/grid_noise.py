@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analyze.grid import steps  # noqa: E402
+from tracekit.analyze.grid import steps  # noqa: E402
 from tracekit.dtypes import DTYPES  # noqa: E402
 from tracekit.engine.process import start_engine  # noqa: E402
 from tracekit.store import TraceReader  # noqa: E402

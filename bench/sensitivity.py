@@ -5,7 +5,7 @@ serves every reused prefix-cache block as `kv * (1 + EPS * noise)` (a fixed
 normal draw per element). For each EPS on a log grid: a serial capture on a
 healthy engine and the same serial capture on a faulty one (same prompts, each
 sent twice, so the second pass and prompts sharing a header hit the cache),
-then `analyze.compare.diff(healthy, faulty)`. A request is *affected* when, on
+then `tracekit.analyze.compare.diff(healthy, faulty)`. A request is *affected* when, on
 the faulty side, it reused cached blocks AND the fault changed at least one KV
 value (the engine's GET /fault_log says how many: in BF16 a small EPS rounds
 back to the same value). The figure is the share of affected requests that diff
@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analyze.compare import diff  # noqa: E402
-from capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.analyze.compare import diff  # noqa: E402
+from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
 from tracekit.engine.faults import prompt_ids_sha256  # noqa: E402
 from tracekit.engine.process import start_engine  # noqa: E402
 from tracekit.store import TraceReader  # noqa: E402

@@ -51,7 +51,7 @@ def log(msg: str) -> None:
 
 def matrix_for(models_dir: Path, device: str, out: Path, smoke: bool, sets: str = "", targets: str = ""):
     """study_h200.toml with this job's model directory, device and absolute prompt paths."""
-    from capture.matrix import load_matrix
+    from tracekit.capture.matrix import load_matrix
 
     text = MATRIX.read_text()
     text = text.replace("/tmp/tkm/", f"{models_dir.resolve()}/").replace('"../prompts/', f'"{PROMPTS}/')
@@ -70,11 +70,11 @@ def matrix_for(models_dir: Path, device: str, out: Path, smoke: bool, sets: str 
 
 
 def run_parallel(m, out: Path, teacher_device: str, commit: str | None) -> None:
-    """capture.matrix.run with the targets in parallel threads (same run directory layout)."""
-    from analyze.matrix_report import diff_document
-    from capture.matrix.cells import run_matrix
-    from capture.matrix.run import TeacherPlan, _diff, _teacher  # this driver is run() with targets in threads
+    """tracekit.capture.matrix.run with the targets in parallel threads (same run directory layout)."""
     from tracekit import __version__
+    from tracekit.analyze.matrix_report import diff_document
+    from tracekit.capture.matrix.cells import run_matrix
+    from tracekit.capture.matrix.run import TeacherPlan, _diff, _teacher  # this driver is run() with targets in threads
     from tracekit.rundir import Manifest, RunDir, now_utc
     from tracekit.runinfo import command_line, host_info
 
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     for name in phases:
         phase(name, steps[name], out, results)
     if "matrix" in phases and (out / "run" / "manifest.json").exists():
-        from analyze.matrix_report import write_report
+        from tracekit.analyze.matrix_report import write_report
 
         write_report(out / "run")
         log("report written: run/report/report.md")

@@ -6,7 +6,7 @@ reused-prefix boundary, A's tokens before t (the teacher-forced replay), the
 sampling flags, and B's batch mates: the keys whose requests were in flight in
 B while this key was generating up to t (from B's timestamps), each with its
 prompt and its own boundary in B. Which keys diverge and where comes from the
-caller (the CLI runs `analyze.diff`; capture never imports analyze).
+caller (the CLI runs `tracekit.analyze.diff`; capture never imports analyze).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The teacher-forced side of `tracekit explain`: replay each target's exact tokens
-outside the engine (capture.teacher's public API) under the histories that matter.
+outside the engine (tracekit.capture.teacher's public API) under the histories that matter.
 
 Each target becomes one `TokenSequence`: its prompt ids plus A's generated ids
 up to and including the first differing position t, so the last scored

@@ -20,8 +20,8 @@ finished group). A row's `params` JSON carries an `explain` object saying what
 it is: `{target, variant, role: target|mate|prime, repeat, config}`; keys read
 `p00@warm:112#r3`, `p03@burst[p00]#r3`, primes `p00@warm:112/prime:112#r3`,
 `p03@burst[p00]/prime:96#r3`. Sending goes
-through `capture.client.send` (one request -> `Outcome`), the probe through
-`capture.probe`, exactly as `tracekit capture` does.
+through `tracekit.capture.client.send` (one request -> `Outcome`), the probe through
+`tracekit.capture.probe`, exactly as `tracekit capture` does.
 """
 
 from __future__ import annotations

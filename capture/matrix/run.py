@@ -6,8 +6,8 @@ through the teacher-forced diagnostic and diffs again with that cross-check,
 then hashes DIR into the manifest. Returns the run as read back from DIR.
 
 capture/ never imports analyze/, so the comparison comes in as a function: the
-CLI passes `analyze.matrix_report.diff_document`; a library user may pass their
-own. The report (analyze.matrix_report.write_report) is a separate step.
+CLI passes `tracekit.analyze.matrix_report.diff_document`; a library user may pass their
+own. The report (tracekit.analyze.matrix_report.write_report) is a separate step.
 """
 
 from __future__ import annotations

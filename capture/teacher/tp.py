@@ -212,7 +212,7 @@ def _start(setup: TPSetup, rank: int, spec: Path, tmp: Path, port: int) -> subpr
         lo = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
         if lo:  # every rank is on this host: loopback, whatever the hostname resolves to
             env["GLOO_SOCKET_IFNAME"] = lo[0]
-    cmd = [sys.executable, "-c", "import sys; from capture.teacher.tp import main; sys.exit(main())"]
+    cmd = [sys.executable, "-c", "import sys; from tracekit.capture.teacher.tp import main; sys.exit(main())"]
     # stdout stays data (the CLI's summary): rank 0's output goes to stderr, the others' to a log
     if rank == 0:
         err = _stderr_fd()

@@ -1,7 +1,7 @@
 """Red team builders: real bugs dressed as benign divergences, written as real traces.
 
 Every case is built through tracekit's own TraceWriter and schema records (no
-mocks, no monkeypatching) and diffed with `analyze.diff` (a few also through
+mocks, no monkeypatching) and diffed with `tracekit.analyze.diff` (a few also through
 the CLI, for the exit code). Each test asserts the *sound* verdict: a bug is
 `unexplained` (or `incomparable`) with a rule text naming the numbers, so
 `tracekit diff` exits 1; a genuine benign case within the stated tolerance is
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from analyze import diff
+from tracekit.analyze import diff
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns, prompt_hash
 from tracekit.store import TraceWriter
 

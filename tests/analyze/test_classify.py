@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from analyze_builders import EOS, Req, flip, logit_row, write_trace
 
-from analyze import Thresholds, diff
+from tracekit.analyze import Thresholds, diff
 from tracekit.errors import AlignmentError, ConfigError
 
 BASE = [5, 6, 7, 8, 9, 10]

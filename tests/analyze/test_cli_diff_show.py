@@ -10,7 +10,7 @@ import sys
 import pytest
 from analyze_builders import EOS, Req, flip, write_trace
 
-from analyze import assert_equivalent
+from tracekit.analyze import assert_equivalent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = [5, 6, 7, 8, 9]

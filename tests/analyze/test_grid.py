@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyze.grid import on_grid, ordinal, resolve_dtype, spacing, steps
+from tracekit.analyze.grid import on_grid, ordinal, resolve_dtype, spacing, steps
 from tracekit.errors import ConfigError
 
 BF16, FP16, FP32 = 7, 10, 23

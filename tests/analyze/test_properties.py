@@ -29,7 +29,7 @@ from analyze_builders import EOS, Req, write_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analyze import Thresholds, diff
+from tracekit.analyze import Thresholds, diff
 
 BUGS = ("nongreedy", "lower", "moved", "outside", "mismatch", "systematic", "spike", "truncated", "nan", "gap")
 BENIGN = ("tie", "post_eos", "boundary", "identical")

@@ -38,7 +38,7 @@ from redteam_builders import (
     tk,
 )
 
-from analyze import diff
+from tracekit.analyze import diff
 
 TRACES = Path(__file__).resolve().parents[2] / "traces" / "ignore-eos"
 OTHER_EOS = 3  # a second EOS id, for cases that name two

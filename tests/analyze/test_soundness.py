@@ -20,7 +20,7 @@ import h5py
 import pytest
 from analyze_builders import EOS, Req, flip, logit_row, write_trace
 
-from analyze import assert_equivalent, diff
+from tracekit.analyze import assert_equivalent, diff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE = [5, 6, 7, 8, 9, 10]

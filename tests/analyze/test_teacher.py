@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from analyze_builders import Req, flip, write_trace
 
-from analyze import diff
+from tracekit.analyze import diff
 from tracekit.errors import AlignmentError, ConfigError
 
 A = [5, 6, 7, 8]
@@ -110,7 +110,7 @@ def test_diff_against_teacher_forced_rows_needs_a_selection(traces):
 
 
 def test_show_compares_teacher_forced_histories_by_top1(traces):
-    from analyze.show import drill
+    from tracekit.analyze.show import drill
 
     _, _, d = traces
     out = drill(d, d, "rep", a_select="history=full,dtype=bf16", b_select="history=prefix:2,dtype=bf16")

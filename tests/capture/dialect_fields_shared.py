@@ -20,9 +20,9 @@ import numpy as np
 from capture_helpers import write_prompts
 from replay import ReplayServer, load, routes_for
 
-from capture.capture_run import CaptureConfig, run_capture
-from capture.dialects import Acc, get
-from capture.sse import SSEDecoder
+from tracekit.capture.capture_run import CaptureConfig, run_capture
+from tracekit.capture.dialects import Acc, get
+from tracekit.capture.sse import SSEDecoder
 from tracekit.store import TraceReader
 
 # The 12 greedy tokens, top-5, that every transcript carries (llama-server's recording).

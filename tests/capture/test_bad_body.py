@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from capture.dialects import DIALECTS, RequestSpec, get
-from capture.dialects.base import BAD_VALUE
+from tracekit.capture.dialects import DIALECTS, RequestSpec, get
+from tracekit.capture.dialects.base import BAD_VALUE
 from tracekit.engine.process import start_engine
 
 SPEC = RequestSpec("k", "def parse_args(argv):\n    ", 4, 2, False, False)

@@ -76,7 +76,7 @@ def test_sglang_prompt_ids_come_from_its_answer(capture_to, stream):
 
 
 def test_sglang_token_id_prompts_do_not_ask_for_their_ids():
-    from capture.dialects import RequestSpec, get
+    from tracekit.capture.dialects import RequestSpec, get
 
     body = get("sglang").body(RequestSpec("a", PROMPT_IDS, 12, 5, False, True))
     assert body["input_ids"] == PROMPT_IDS and "return_prompt_token_ids" not in body and "text" not in body

@@ -25,7 +25,7 @@ from dialect_fields_shared import (
 )
 from replay import load, routes_for
 
-from capture.dialects import RequestSpec, get
+from tracekit.capture.dialects import RequestSpec, get
 
 SGLANG = ["sglang-stream", "sglang-stream-incremental", "sglang-nonstream"]
 
@@ -100,7 +100,7 @@ def test_sglang_tokenize_shape():
     sglang/srt/entrypoints/openai/protocol.py (TokenizeRequest, TokenizeResponse),
     sglang/srt/entrypoints/openai/serving_tokenize.py, sglang/srt/entrypoints/http_server.py
     (/tokenize and /v1/tokenize)."""
-    from capture.client import _TOKENIZE
+    from tracekit.capture.client import _TOKENIZE
 
     route, body, ids_of = _TOKENIZE["sglang"]
     t = load("sglang__tokenize.http")

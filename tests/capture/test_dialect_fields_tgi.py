@@ -25,8 +25,8 @@ from dialect_fields_shared import (
 )
 from replay import ReplayServer, load, routes_for
 
-from capture.capture_run import CaptureConfig, run_capture
-from capture.dialects import Acc, RequestSpec, get
+from tracekit.capture.capture_run import CaptureConfig, run_capture
+from tracekit.capture.dialects import Acc, RequestSpec, get
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader
 
@@ -152,7 +152,7 @@ def test_tgi_tokenize_shape():
     start, stop}`; tracekit reads the ids. add_special_tokens is no request field (serde skip,
     default true), so the ids are those /generate runs. Source: router/src/server.rs (tokenize,
     encoding_to_tokens), router/src/lib.rs (SimpleToken, TokenizeResponse, GenerateRequest)."""
-    from capture.client import _TOKENIZE
+    from tracekit.capture.client import _TOKENIZE
 
     route, body, ids_of = _TOKENIZE["tgi"]
     t = load("tgi__tokenize.http")

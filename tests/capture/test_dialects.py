@@ -76,8 +76,8 @@ def test_dialect_columns(capture_to, engine, dialect, prompt, cached, stream):
 
 def test_llamacpp_without_probabilities_still_records_ids():
     """n_probs 0: llama.cpp stream events carry only `tokens: [id]`; ids are kept, logprobs NaN."""
-    from capture.dialects import Acc, get
-    from capture.sse import SSEDecoder
+    from tracekit.capture.dialects import Acc, get
+    from tracekit.capture.sse import SSEDecoder
 
     d, acc = get("llamacpp"), Acc()
     for ev in SSEDecoder().feed(load("llamacpp-server__completion__stream.http").body):

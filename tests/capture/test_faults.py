@@ -196,7 +196,7 @@ def test_no_request_lost_when_the_server_closes_kept_alive_connections(capture_t
     sent again on a fresh connection, and its row says so (second half)."""
     prompts = [{"id": f"p{i}", "prompt": "def parse_args(argv):\n    "} for i in range(12)]
     with ReplayServer(routes_for("vllm"), drop_kept_alive=True) as srv:
-        monkeypatch.setattr("capture.client.ATTEMPTS", 1)
+        monkeypatch.setattr("tracekit.capture.client.ATTEMPTS", 1)
         lost, out1 = capture_to(srv.url, prompts, name="no-retry.h5", concurrency=concurrency)
         monkeypatch.undo()
         dropped_before = srv.dropped
@@ -262,8 +262,8 @@ def test_failure_after_the_response_began_is_not_retried(capture_to):
 def _probe(url: str, wait_ready_s: float):
     import asyncio
 
-    from capture.client import make_session
-    from capture.probe import probe
+    from tracekit.capture.client import make_session
+    from tracekit.capture.probe import probe
 
     async def go():
         async with make_session(1, 10.0) as session:
@@ -349,8 +349,8 @@ def test_probe_get_retries_a_dropped_kept_alive_connection():
     connections alive, as it does after the probe for most engines)."""
     import asyncio
 
-    from capture.client import make_session
-    from capture.probe import _get
+    from tracekit.capture.client import make_session
+    from tracekit.capture.probe import _get
 
     async def go(url):
         async with make_session(1, 10.0) as s:

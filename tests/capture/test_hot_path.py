@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capture.dialects import Acc, get
-from capture.dialects.acc import token_id_ints
+from tracekit.capture.dialects import Acc, get
+from tracekit.capture.dialects.acc import token_id_ints
 
 
 def _event(i: int, keys: list[str], lps: list[float], nulls: bool = False, ids: bool = True, **extra) -> dict:
@@ -181,8 +181,8 @@ def test_stream_with_infinity_and_crlf_events_parses_through_the_client():
 
     from aiohttp import web
 
-    from capture.client import Clock, make_session, send
-    from capture.dialects import RequestSpec
+    from tracekit.capture.client import Clock, make_session, send
+    from tracekit.capture.dialects import RequestSpec
 
     evs = [_event(i, [f"token_id:{i}", "token_id:9"], [-0.5, float("-inf") if i == 1 else -2.0]) for i in range(3)]
     evs[2]["choices"][0]["finish_reason"] = "length"

@@ -15,10 +15,10 @@ import json
 import pytest
 from replay import ReplayServer, routes_for
 
-from capture import dialects
-from capture.client import Clock, make_session, send
-from capture.dialects import RequestSpec
-from capture.matrix.lifecycle import _match, _outcome_view
+from tracekit.capture import dialects
+from tracekit.capture.client import Clock, make_session, send
+from tracekit.capture.dialects import RequestSpec
+from tracekit.capture.matrix.lifecycle import _match, _outcome_view
 
 
 def _drop_token_ids(doc: bytes) -> bytes:

@@ -12,8 +12,8 @@ import pytest
 from capture_helpers import TOKENIZER, write_prompts
 from replay import ReplayServer, routes_for
 
-from capture.prompts import load_prompts
-from capture.tokens import TokenMapper
+from tracekit.capture.prompts import load_prompts
+from tracekit.capture.tokens import TokenMapper
 from tracekit.errors import ConfigError
 from tracekit.modelinfo import eos_token_ids
 from tracekit.store import TraceReader

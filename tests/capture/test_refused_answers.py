@@ -17,8 +17,8 @@ import pytest
 from capture_helpers import write_prompts
 from replay import ReplayServer, routes_for
 
-from capture.client import Outcome
-from capture.postprocess import storable
+from tracekit.capture.client import Outcome
+from tracekit.capture.postprocess import storable
 from tracekit.schema import Layout, RequestRecord
 from tracekit.store import TraceReader
 

@@ -7,7 +7,7 @@ import random
 import pytest
 from replay import load
 
-from capture.sse import SSEDecoder, SSEEvent
+from tracekit.capture.sse import SSEDecoder, SSEEvent
 
 
 def feed_all(data: bytes, cuts: list[int]) -> tuple[list[SSEEvent], SSEDecoder]:

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyze import diff
-from capture.capture_run import CaptureConfig, run_capture
-from capture.explain import Mate, ReplayConfig, Target, VariantConfig, replay, run_variants, tag_of
+from tracekit.analyze import diff
+from tracekit.capture.capture_run import CaptureConfig, run_capture
+from tracekit.capture.explain import Mate, ReplayConfig, Target, VariantConfig, replay, run_variants, tag_of
 from tracekit.engine.process import start_engine
 from tracekit.store import TraceReader
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from analyze.matrix_report import diff_document, write_report
-from capture.explain.engines import configurations
-from capture.matrix import load_matrix, run
+from tracekit.analyze.matrix_report import diff_document, write_report
+from tracekit.capture.explain.engines import configurations
+from tracekit.capture.matrix import load_matrix, run
 from tracekit.cli.explain import ExplainOptions, explain_run_cells
 from tracekit.errors import ConfigError
 from tracekit.rundir import RunDir
@@ -78,7 +78,7 @@ def test_run_dir_flips_are_explained_on_each_configuration_and_reported(tmp_path
     diverges; explain starts a fresh engine of the cell's configuration and its deterministic
     and FP32 variants, reruns every divergent pair on each, and the report lists each pair's
     cause with the counts explain found."""
-    from analyze.explain_report import summary_line
+    from tracekit.analyze.explain_report import summary_line
 
     serve = '["--threads", "1", "--slots", "4", "--inject-fault", "corrupt-prefix-cache"]'
     m = _matrix(tmp_path, serve)

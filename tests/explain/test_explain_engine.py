@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT / "tests" / "capture"))
 
 from replay import ReplayServer, routes_for  # noqa: E402
 
-from capture.capture_run import CaptureConfig, run_capture  # noqa: E402
-from capture.explain import Mate, Target, VariantConfig, run_variants, tag_of  # noqa: E402
-from capture.explain.variants import priming  # noqa: E402
+from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.capture.explain import Mate, Target, VariantConfig, run_variants, tag_of  # noqa: E402
+from tracekit.capture.explain.variants import priming  # noqa: E402
 from tracekit.engine.process import start_engine  # noqa: E402
 from tracekit.errors import TracekitError  # noqa: E402
 from tracekit.store import TraceReader  # noqa: E402
@@ -184,7 +184,7 @@ def test_run_directory_form(fault_pair, tmp_path):
     baseline as A and its burst as B (read through tracekit.rundir); traces under the cell."""
     import shutil
 
-    from analyze import diff
+    from tracekit.analyze import diff
     from tracekit.rundir import Cell, CellRecord, RunDir
 
     a, b, bad = fault_pair

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from explain_builders import columns, record, runs, write  # noqa: E402
 
-from analyze.explain import explain  # noqa: E402
-from analyze.explain_report import markdown, text  # noqa: E402
+from tracekit.analyze.explain import explain  # noqa: E402
+from tracekit.analyze.explain_report import markdown, text  # noqa: E402
 
 A_TOK, B_TOK = [5, 6, 7, 8], [5, 6, 9, 8]
 NEAR_A = {2: (7, 9, -0.70, -0.72)}  # at t = 2, A's token 0.02 nats above B's

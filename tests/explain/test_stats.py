@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyze"))
 
 from analyze_builders import Req, flip, write_trace  # noqa: E402
 
-from analyze.stats import first_divergence, reproducibility, split_key  # noqa: E402
+from tracekit.analyze.stats import first_divergence, reproducibility, split_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def test_cli_json_plot_and_errors(tmp_path):
 def test_fp32_repeats_on_the_reference_engine_are_one_completion_each(tmp_path):
     """FP32 on the reference engine agrees to ~1e-5 whatever the batch: K repeats at
     concurrency 4 must give one completion per prompt, counted from a real capture."""
-    from capture.capture_run import CaptureConfig, run_capture
+    from tracekit.capture.capture_run import CaptureConfig, run_capture
     from tracekit.engine.process import start_engine
 
     with start_engine(["--threads", "1", "--slots", "4"], log_path=str(tmp_path / "engine.log")) as eng:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from analyze.matrix_report import write_report
 from bench.gpu_study import lanes, models
-from capture.matrix import load_matrix, run
 from tracekit import modelinfo
+from tracekit.analyze.matrix_report import write_report
+from tracekit.capture.matrix import load_matrix, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ name = "b4"
 serve = ["--slots", "4", "--max-context", "256"]
 """
     )
-    from analyze.matrix_report import diff_document
+    from tracekit.analyze.matrix_report import diff_document
 
     run(load_matrix(m), tmp_path / "run", diff_document)
     rep = write_report(tmp_path / "run", plots=False)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyze.compare import diff
-from capture.capture_run import CaptureConfig, run_capture
+from tracekit.analyze.compare import diff
+from tracekit.capture.capture_run import CaptureConfig, run_capture
 from tracekit.store import TraceReader
 
 PROMPTS = Path(__file__).resolve().parents[2] / "fixtures" / "prompts" / "cpu_small.jsonl"
@@ -107,7 +107,7 @@ def test_prompt_ids_from_the_servers_tokenize(llama):
 
     from tokenizers import Tokenizer
 
-    from capture.client import _ids_for_texts, make_session
+    from tracekit.capture.client import _ids_for_texts, make_session
 
     texts = ["def parse_args(argv):\n    ", "import os\nimport sys\n", "x = [i * 2 for i in range(10)]"]
 

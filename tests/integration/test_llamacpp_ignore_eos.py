@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from analyze.compare import diff
+from tracekit.analyze.compare import diff
 from tracekit.engine.process import start_engine
 from tracekit.store import TraceReader
 

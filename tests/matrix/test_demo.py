@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from analyze.demo_report import demo_verdict
-from analyze.matrix_report import CellRow
-from capture.matrix.run import side_histories
+from tracekit.analyze.demo_report import demo_verdict
+from tracekit.analyze.matrix_report import CellRow
+from tracekit.capture.matrix.run import side_histories
 from tracekit.rundir import Cell, CellRecord, DiffRef, DiffSummary, LoadedCell, PairEvidence, RunDir
 
 ROOT = Path(__file__).resolve().parents[2]

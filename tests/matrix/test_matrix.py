@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.matrix import load_matrix
+from tracekit.capture.matrix import load_matrix
 from tracekit.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

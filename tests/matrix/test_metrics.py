@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from capture.client import make_session
-from capture.matrix.lifecycle import _drain, prefix_cache_check, reuse_check
-from capture.metrics import delta, family_of, parse_metrics, prefix_counters
+from tracekit.capture.client import make_session
+from tracekit.capture.matrix.lifecycle import _drain, prefix_cache_check, reuse_check
+from tracekit.capture.metrics import delta, family_of, parse_metrics, prefix_counters
 from tracekit.schema import RequestTable
 
 SAMPLES = {

@@ -5,7 +5,7 @@ cells they apply to. The whole page against a real run is tests/matrix/test_run_
 
 from __future__ import annotations
 
-from analyze.matrix_sections import pitfalls, reuse
+from tracekit.analyze.matrix_sections import pitfalls, reuse
 
 COUNTERS = {"family": "vllm", "hits": "vllm:prefix_cache_hits_total", "hits_delta": 96.0, "queries_delta": 200.0}
 

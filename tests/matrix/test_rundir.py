@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analyze import CLASSES
-from analyze.matrix_report import write_report
+from tracekit.analyze import CLASSES
+from tracekit.analyze.matrix_report import write_report
 from tracekit.errors import SchemaVersionError, TraceFormatError
 from tracekit.rundir import (
     DIFF_CLASSES,

@@ -1,4 +1,4 @@
-"""The CLI's top-level error contract (tracekit/cli/__init__.py: main).
+"""The CLI's top-level error contract (cli/__init__.py: main).
 
 Exit 1 means "divergence found": a CI job reads it as a verdict. So no crash may
 exit 1: an unexpected exception exits 3 with one `Error:` line that says it is

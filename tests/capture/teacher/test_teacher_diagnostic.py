@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from capture.teacher import run_from_options
+from tracekit.capture.teacher import run_from_options
 from tracekit.errors import ConfigError, TracekitError
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns
 from tracekit.store import TraceReader, TraceWriter
@@ -196,7 +196,7 @@ def test_device_errors_are_one_line(random_model_dir, tmp_path):
 def test_batching_equal_lengths_matches_one_by_one(random_model_dir, tmp_path):
     """Equal-length sequences share a forward; in FP32 that must not move a
     logprob by more than rounding (one-by-one is batch_tokens=1)."""
-    from capture.teacher import DiagnosticConfig, TokenSequence, parse_histories, run_diagnostic
+    from tracekit.capture.teacher import DiagnosticConfig, TokenSequence, parse_histories, run_diagnostic
 
     rng = np.random.default_rng(3)
     seqs = [TokenSequence(f"s{i}", rng.integers(1, 512, 20), rng.integers(1, 512, 6), f"h{i}") for i in range(5)]

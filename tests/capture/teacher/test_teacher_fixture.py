@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capture.teacher import run_from_options
-from capture.teacher.history import HistorySpec
-from capture.teacher.model import load_model
-from capture.teacher.sequences import from_trace
-from capture.teacher.trie import run_histories
+from tracekit.capture.teacher import run_from_options
+from tracekit.capture.teacher.history import HistorySpec
+from tracekit.capture.teacher.model import load_model
+from tracekit.capture.teacher.sequences import from_trace
+from tracekit.capture.teacher.trie import run_histories
 from tracekit.store import TraceReader
 
 REPO = Path(__file__).resolve().parents[3]

@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from capture.teacher.graphs import STATS, NoGraph, decode_chain  # noqa: E402
-from capture.teacher.history import parse_histories  # noqa: E402
-from capture.teacher.model import resolve_attn, wrap_model  # noqa: E402
-from capture.teacher.trie import _forward, run_histories  # noqa: E402
+from tracekit.capture.teacher.graphs import STATS, NoGraph, decode_chain  # noqa: E402
+from tracekit.capture.teacher.history import parse_histories  # noqa: E402
+from tracekit.capture.teacher.model import resolve_attn, wrap_model  # noqa: E402
+from tracekit.capture.teacher.trie import _forward, run_histories  # noqa: E402
 from tracekit.hfcompat import new_dynamic_cache as new_cache  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -158,7 +158,7 @@ def test_long_segment_on_a_cache_is_the_square_kernels_rows(q_len):
     the real preceding queries (what `full` computes)."""
     import torch.nn.functional as F
 
-    from capture.teacher.attention import SQUARE_FROM, lower_right_sdpa
+    from tracekit.capture.teacher.attention import SQUARE_FROM, lower_right_sdpa
 
     class Attn(torch.nn.Module):
         num_key_value_groups, is_causal = 2, True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.teacher.history import HistorySpec, parse_dtypes, parse_histories
+from tracekit.capture.teacher.history import HistorySpec, parse_dtypes, parse_histories
 from tracekit.errors import ConfigError
 
 
@@ -48,7 +48,7 @@ def test_prefix_auto_takes_the_trace_boundary_and_skips_unknown():
 def test_a_history_that_does_not_apply_says_why():
     """A skipped prefix history names its reason: a user seeing only "did not apply" cannot tell
     an unreported boundary from one where nothing was reused (then `full` is that history)."""
-    from capture.teacher.history import HistorySpec
+    from tracekit.capture.teacher.history import HistorySpec
 
     auto = HistorySpec("prefix", None)
     assert auto.resolve(20, 4, -1) is None and "no cached-token count" in auto.why_not(20, 4, -1)

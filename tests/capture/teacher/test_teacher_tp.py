@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyze.compare import diff
-from capture.teacher import run_from_options, tp
+from tracekit.analyze.compare import diff
+from tracekit.capture.teacher import run_from_options, tp
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader
 

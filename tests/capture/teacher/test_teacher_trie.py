@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from capture.teacher.history import parse_histories
-from capture.teacher.model import load_model
-from capture.teacher.trie import run_histories
+from tracekit.capture.teacher.history import parse_histories
+from tracekit.capture.teacher.model import load_model
+from tracekit.capture.teacher.trie import run_histories
 
 HISTORIES = "full,prefix:7,prefix:24,chunked:7,chunked:24,decode"
 
@@ -119,7 +119,7 @@ def test_lower_right_mask_lets_the_last_query_see_every_key():
     upper-left mask would hide the cached prefix from the first queries."""
     import torch
 
-    from capture.teacher.attention import lower_right_sdpa
+    from tracekit.capture.teacher.attention import lower_right_sdpa
 
     class Attn(torch.nn.Module):
         num_key_value_groups, is_causal = 2, True
@@ -140,7 +140,7 @@ def test_square_path_is_lower_right_attention():
     queries in transformers' layout ([N, q, H, D] in memory) and contiguous."""
     import torch
 
-    from capture.teacher.attention import _square
+    from tracekit.capture.teacher.attention import _square
 
     gen = torch.Generator().manual_seed(5)
     k, v = (torch.randn(2, 2, 9, 16, generator=gen, dtype=torch.float64) for _ in range(2))

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from analyze.classify import CLASSES as CLASS_NAMES  # light: numpy and the store, no torch
-from analyze.classify import DEFAULTS
+from tracekit.analyze.classify import CLASSES as CLASS_NAMES  # light: numpy and the store, no torch
+from tracekit.analyze.classify import DEFAULTS
 
 EPILOG = """\b
 Examples:
@@ -74,8 +74,8 @@ def cmd(files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a
         raise click.UsageError("give at least two traces: A (the reference) and B")
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
-    from analyze import diff, report
-    from analyze.classify import Thresholds
+    from tracekit.analyze import diff, report
+    from tracekit.analyze.classify import Thresholds
     from tracekit.errors import TracekitError
 
     thr = Thresholds(grid_floor=grid_floor, **tol)
@@ -117,7 +117,7 @@ def cmd(files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a
 
 
 def _decoder(path: str, tokenizer: str | None):
-    from analyze.tokens import load_decoder
+    from tracekit.analyze.tokens import load_decoder
     from tracekit.store import TraceReader
 
     with TraceReader(path) as r:

@@ -31,8 +31,8 @@ Examples:
 def cmd(a, b, key, position, context, topk, tokenizer, a_select, b_select, as_json) -> None:
     """Show request KEY of trace A (and B) around POSITION: ids, decoded text,
     logprobs, and at the position the top-k with raw logits and ULP distances."""
-    from analyze.show import drill, render
-    from analyze.tokens import load_decoder
+    from tracekit.analyze.show import drill, render
+    from tracekit.analyze.tokens import load_decoder
     from tracekit.store import TraceReader
 
     with TraceReader(a) as r:

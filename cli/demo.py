@@ -74,10 +74,10 @@ def cmd(out, repeats) -> int:
     concurrent runs in FP32 and BF16 with prefix reuse (and BF16 with
     --batch-invariant), run the teacher-forced diagnostic on the divergent keys,
     diff, explain each flip on live engines, and print the evidence table and the causes."""
-    from analyze import explain_cells
-    from analyze.demo_report import demo_page, demo_verdict, write_demo_page
-    from analyze.matrix_report import diff_document, write_report
-    from capture.matrix import TeacherPlan, load_matrix, run
+    from tracekit.analyze import explain_cells
+    from tracekit.analyze.demo_report import demo_page, demo_verdict, write_demo_page
+    from tracekit.analyze.matrix_report import diff_document, write_report
+    from tracekit.capture.matrix import TeacherPlan, load_matrix, run
 
     t0 = time.perf_counter()
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")

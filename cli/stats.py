@@ -30,9 +30,9 @@ def cmd(files, as_json, reference, plot) -> int:
     one prompt are pooled across FILES): unique completions per prompt, where they first
     split from the reference, and the flip rate as a function of the reference's top-2 gap
     at that position. Exit 0 when it ran (a split is the finding, not a failure)."""
-    from analyze.stats import reproducibility
-    from analyze.stats_report import plot as plot_png
-    from analyze.stats_report import text_report
+    from tracekit.analyze.stats import reproducibility
+    from tracekit.analyze.stats_report import plot as plot_png
+    from tracekit.analyze.stats_report import text_report
 
     result = reproducibility(list(files), reference=reference)
     if plot:

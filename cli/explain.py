@@ -1,9 +1,9 @@
 """`tracekit explain A.h5 B.h5 --url URL` (or `RUN_DIR --url URL`): the cause of each flip.
 
-The one place that wires the three steps: `analyze.explain.select_pairs`
-(which pairs diverge, from `analyze.diff`), `capture.explain` (rerun them
+The one place that wires the three steps: `tracekit.analyze.explain.select_pairs`
+(which pairs diverge, from `tracekit.analyze.diff`), `tracekit.capture.explain` (rerun them
 under controlled variants on the live engine(s), replay them teacher-forced),
-`analyze.explain.explain` (score the runs, name the cause). `explain_files`
+`tracekit.analyze.explain.explain` (score the runs, name the cause). `explain_files`
 is the library entry for one A/B pair of traces (e.g. for `tracekit demo`)."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _log(msg: str) -> None:
 def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str] | None = None):
     """Explain the divergent (or chosen) pairs of A and B; traces and explain.json under root.
     Returns the ExplainResult."""
-    from analyze.explain import explain, select_pairs
+    from tracekit.analyze.explain import explain, select_pairs
 
     pairs, skipped, _ = select_pairs(a, b, keys)
     notes, variants, teacher, mates = [], [], None, {}
@@ -67,7 +67,7 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
 
 def _run(a, b, pairs, root: Path, o: ExplainOptions):
     """Plan the targets, run the variants on each given URL and the teacher-forced replay."""
-    from capture.explain import ReplayConfig, VariantConfig, plan_targets, replay, run_variants
+    from tracekit.capture.explain import ReplayConfig, VariantConfig, plan_targets, replay, run_variants
 
     targets = plan_targets(a, b, pairs)
     root.mkdir(parents=True, exist_ok=True)
@@ -100,8 +100,8 @@ def explain_run_cells(root: Path, m, o: ExplainOptions, only: list[str] | None =
     the teacher-forced replay on the target's model (`o.model_dir`, else the target's). Traces and explain.json under
     DIR/cells/<id>/explain/; engine logs under DIR/engines/explain/.
     Returns ([(cell id, ExplainResult)], the engines' records)."""
-    from capture.explain.engines import start_configs
-    from capture.matrix.run import model_dir
+    from tracekit.capture.explain.engines import start_configs
+    from tracekit.capture.matrix.run import model_dir
 
     from ..rundir import RunDir
 
@@ -182,8 +182,8 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
     pairs (serial baseline = A, burst = B), traces under DIR/cells/<id>/explain/.
     Exit 0 when every pair has a numeric cause, 1 when some pair is not
     reproduced (report it as a bug) or unresolved."""
-    from analyze.explain_report import markdown as md
-    from analyze.explain_report import text
+    from tracekit.analyze.explain_report import markdown as md
+    from tracekit.analyze.explain_report import text
 
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")

@@ -1,8 +1,8 @@
 """`tracekit capture`: record a trace, over HTTP (`--http URL`) or by
 teacher forcing a local model (`--teacher-forced MODEL`). Exactly one of the two.
 
-The command only parses options and dispatches: `capture.capture_run.run_capture`
-for HTTP, `capture.teacher.run_from_options` for teacher forcing. Every option is
+The command only parses options and dispatches: `tracekit.capture.capture_run.run_capture`
+for HTTP, `tracekit.capture.teacher.run_from_options` for teacher forcing. Every option is
 declared once, in OPTIONS, with the mode it belongs to; an option of one mode given
 in the other is a usage error. Exit codes: 0 every request ok, 1 some request failed
 (the trace still holds its row), 2 usage, 3 tool error, 130 interrupted.
@@ -281,7 +281,7 @@ def _only_for(ctx, mode: str) -> None:
 
 
 def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
-    from capture import teacher
+    from tracekit.capture import teacher
 
     opts["max_tokens"] = opts["max_tokens"] if opts["max_tokens"] is not None else TEACHER_MAX_TOKENS
     opts["dtype"] = opts["dtype"] or TEACHER_DTYPE
@@ -304,7 +304,7 @@ def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
 
 
 def _run_http(url: str, as_json: bool, opts: dict) -> int:
-    from capture.capture_run import CaptureConfig, run_capture
+    from tracekit.capture.capture_run import CaptureConfig, run_capture
 
     for need in ("prompts", "out"):
         if not opts.get(need):

@@ -1,0 +1,1 @@
+"""Workflows: orchestration that uses both capture and analyze (the matrix run, explain, the demo)."""
