@@ -1,25 +1,23 @@
 """The causes `tracekit explain` found for a run directory's flips, for `tracekit report` and
 `tracekit demo`: read from each cell's `cells/<id>/explain/explain.json` (schema
-tracekit.explain/1, written by `tracekit explain RUN_DIR` or by the demo), one row per
-explained pair, and the section of report.md / the demo page that shows them.
+tracekit.explain/1, written by `tracekit explain RUN_DIR` or by the demo; read through
+`RunDir.read_explain`), one row per explained pair, and the section of report.md / the
+demo page that shows them.
 
-Reads only those files; a cell without one was not explained (said, not guessed). A file
-that cannot be read is listed with the reason, never dropped.
+A cell without one was not explained (said, not guessed). A file that cannot be read is
+listed with the reason, never dropped.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from tabulate import tabulate
 
-from tracekit.rundir import Cell
+from tracekit.rundir import Cell, RunDir
 
-SCHEMA = "tracekit.explain/1"
-EXPLAIN_JSON = "explain/explain.json"  # under cells/<cell id>/
 OK_KINDS = ("nondeterminism", "prefix_reuse", "batch_composition", "cache_history")
 
 
@@ -40,20 +38,12 @@ def cell_label(c: Cell) -> str:
 
 def load(root: str | Path, cells: Iterable[Cell]) -> list[CellCauses]:
     """The explained cells of DIR, in the order given (cells without an explain.json are left out)."""
+    rd = RunDir(root)
     out = []
     for c in cells:
-        path = Path(root) / "cells" / c.id / EXPLAIN_JSON
-        if not path.is_file():
-            continue
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            out.append(CellCauses(c, None, f"{path}: unreadable ({e})"))
-            continue
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("pairs"), list):
-            out.append(CellCauses(c, None, f"{path}: not a {SCHEMA} document"))
-            continue
-        out.append(CellCauses(c, doc))
+        doc, error = rd.read_explain(c.id)
+        if doc is not None or error is not None:
+            out.append(CellCauses(c, doc, error))
     return out
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tracekit.analyze import diff  # noqa: E402
-from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 from tracekit.engine.process import start_engine  # noqa: E402
 
 SETS = {"code16": "tiny.jsonl", "prefix8": "cpu_small.jsonl", "study128": "study_128.jsonl"}

@@ -5,7 +5,7 @@ own) streams pre-built vLLM-style SSE events (`token_id:N` strings, top-20
 logprobs, `token_ids`, vLLM 0.33's explicit nulls, usage, `[DONE]`) as fast as
 it can. At concurrency 1, 16 and 64 the same requests are read by
 - bare: one ClientSession, `iter_any()`, events split on blank lines, no parsing;
-- tracekit: `tracekit.capture.capture_run.run_capture` with the vllm dialect, top-20 logprobs
+- tracekit: `tracekit.capture.http.run_capture` with the vllm dialect, top-20 logprobs
   parsed, columns built and appended to an HDF5 trace after each request.
 Two more rows put the ratio in context: bare-lines reads line by line
 (`async for line in resp.content`, as vLLM's and SGLang's benchmark clients
@@ -179,7 +179,7 @@ async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "
 
 
 def tracekit_client(url: str, n_requests: int, concurrency: int, tmp: Path) -> int:
-    from tracekit.capture.capture_run import CaptureConfig, run_capture
+    from tracekit.capture.http import CaptureConfig, run_capture
 
     prompts = tmp / f"p{concurrency}.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": [1, 2, 3]}) + "\n" for i in range(n_requests)))

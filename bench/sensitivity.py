@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tracekit.analyze.compare import diff  # noqa: E402
-from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 from tracekit.engine.faults import prompt_ids_sha256  # noqa: E402
 from tracekit.engine.process import start_engine  # noqa: E402
 from tracekit.store import TraceReader  # noqa: E402

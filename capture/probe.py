@@ -233,7 +233,7 @@ async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, s
     st, info, h = await _get(session, base + "/info")
     if st == 200 and isinstance(info, dict) and "model_id" in info:
         # TGI's Info has no max_top_n_tokens (nor model_dtype): router/src/lib.rs at v3.3.7; the
-        # top-n limit is asked with a request instead (capture_run._tgi_top_n).
+        # top-n limit is asked with a request instead (http._tgi_top_n).
         engine["info"] = {k: info.get(k) for k in ("model_id", "version", "router", "sha")}
         engine["headers"].update(h)
         res.dialect, res.reason, res.model = "tgi", "/info answered with model_id (TGI)", info.get("model_id", "")

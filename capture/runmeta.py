@@ -201,7 +201,7 @@ def _token_ids_note(dialect: str, tokenizer: str | None) -> tuple[str, bool]:
 
 
 def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None, numerics: dict) -> dict:
-    """The run metadata of a capture as it starts (cfg: capture_run.CaptureConfig, pr: the probe's
+    """The run metadata of a capture as it starts (cfg: http.CaptureConfig, pr: the probe's
     result); the run adds `prompt_ids`, `pitfalls` and, at close, `prefix_cache_counters`."""
     # The engine's own report first, else the files of the tokenizer directory (never guessed).
     tok_dir = cfg.tokenizer or (pr.tokenizer if pr.tokenizer and Path(pr.tokenizer).is_dir() else None)

@@ -1,7 +1,7 @@
 """`tracekit capture`: record a trace, over HTTP (`--http URL`) or by
 teacher forcing a local model (`--teacher-forced MODEL`). Exactly one of the two.
 
-The command only parses options and dispatches: `tracekit.capture.capture_run.run_capture`
+The command only parses options and dispatches: `tracekit.capture.http.run_capture`
 for HTTP, `tracekit.capture.teacher.run_from_options` for teacher forcing. Every option is
 declared once, in OPTIONS, with the mode it belongs to; an option of one mode given
 in the other is a usage error. Exit codes: 0 every request ok, 1 some request failed
@@ -304,7 +304,7 @@ def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
 
 
 def _run_http(url: str, as_json: bool, opts: dict) -> int:
-    from tracekit.capture.capture_run import CaptureConfig, run_capture
+    from tracekit.capture.http import CaptureConfig, run_capture
 
     for need in ("prompts", "out"):
         if not opts.get(need):

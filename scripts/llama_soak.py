@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llamacpp import ROOT, server_binary, start_server, tiny_gguf  # noqa: E402
 
 from tracekit.capture import client, probe  # noqa: E402
-from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 from tracekit.store import TraceReader  # noqa: E402
 
 PROMPTS = ROOT / "fixtures" / "prompts" / "cpu_small.jsonl"

@@ -88,6 +88,18 @@ def test_no_import_runs_back_up():
     assert not bad, "\n".join(bad)
 
 
+def test_core_does_not_import_capture_or_analyze():
+    """The bottom floor alone: the trace format, the store and the engine must be usable
+    (and testable) without the capture client or the classifier."""
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in _files("tracekit")
+        for mod, line in _imports(p)
+        if _folder_of_module(mod) not in (None, "tracekit")
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def _module_files() -> dict[str, Path]:
     return {_module_of(p): p for p in _files()}
 
@@ -199,4 +211,4 @@ def test_diff_and_inspect_do_not_load_torch():
 
 
 def test_http_capture_does_not_load_torch():
-    assert _loaded("tracekit.cli.capture, tracekit.capture.capture_run", watch=("torch", "transformers")) == []
+    assert _loaded("tracekit.cli.capture, tracekit.capture.http", watch=("torch", "transformers")) == []

@@ -92,7 +92,7 @@ def compare_traces(a: Path, b: Path) -> dict:
 
 def serve_repro(model: str, prompts: str, out: Path, device: str = "cuda", dtype: str = "bf16") -> dict:
     """The same serial capture on two fresh `tracekit serve` processes, compared bitwise."""
-    from tracekit.capture.capture_run import CaptureConfig, run_capture
+    from tracekit.capture.http import CaptureConfig, run_capture
     from tracekit.engine.process import start_engine
 
     out.mkdir(parents=True, exist_ok=True)

@@ -112,7 +112,7 @@ def burst_figures(trace: Path, timeout_s: float) -> dict:
 
 def run_config(model: str, slots: int, prompts: str, out: Path, cfg: dict) -> dict:
     """One engine configuration: start it, one burst with the sampler on, its figures."""
-    from tracekit.capture.capture_run import CaptureConfig, run_capture
+    from tracekit.capture.http import CaptureConfig, run_capture
     from tracekit.engine.process import start_engine
 
     args = ["--model", model, "--dtype", cfg["dtype"], "--device", cfg["device"], "--slots", str(slots)]

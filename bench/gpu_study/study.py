@@ -70,13 +70,12 @@ def matrix_for(models_dir: Path, device: str, out: Path, smoke: bool, sets: str 
 
 
 def run_parallel(m, out: Path, teacher_device: str, commit: str | None) -> None:
-    """tracekit.capture.matrix.run with the targets in parallel threads (same run directory layout)."""
+    """tracekit.workflows.matrix.run with the targets in parallel threads (same run directory layout)."""
     from tracekit import __version__
-    from tracekit.analyze.matrix_report import diff_document
     from tracekit.capture.matrix.cells import run_matrix
-    from tracekit.capture.matrix.run import TeacherPlan, _diff, _teacher  # this driver is run() with targets in threads
     from tracekit.rundir import Manifest, RunDir, now_utc
     from tracekit.runinfo import command_line, host_info
+    from tracekit.workflows.matrix import TeacherPlan, _diff, _teacher  # this driver is run() with targets in threads
 
     rd = RunDir.create(out, m.text)
     started = now_utc()
@@ -88,10 +87,10 @@ def run_parallel(m, out: Path, teacher_device: str, commit: str | None) -> None:
         records, engines = run_matrix(sub, rd)
         done = []
         for r in records:
-            r = dataclasses.replace(r, diff=_diff(rd, r, diff_document))
+            r = dataclasses.replace(r, diff=_diff(rd, r))
             with gpu:
                 try:
-                    r = _teacher(rd, sub, r, plan, diff_document)
+                    r = _teacher(rd, sub, r, plan)
                 except Exception:  # noqa: BLE001 - keep the cell and its diff; the log says why
                     log(f"teacher-forced step failed on {r.cell.id}:\n{traceback.format_exc()}")
             rd.write_cell(r)

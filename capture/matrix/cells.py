@@ -19,7 +19,7 @@ from tracekit.errors import TracekitError
 from tracekit.rundir import Cell, CellRecord, Check, EngineRecord, RunDir
 from tracekit.store import TraceReader
 
-from ..capture_run import CaptureConfig, plan_requests, run_capture
+from ..http import CaptureConfig, plan_requests, run_capture
 from ..prompts import load_prompts
 from . import engines
 from .lifecycle import completion_check, lifecycle_checks, reuse_check

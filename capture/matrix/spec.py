@@ -20,6 +20,7 @@ import tomllib
 from tracekit.dtypes import NAMES as DTYPES
 from tracekit.errors import ConfigError
 from tracekit.rundir import Cell
+from tracekit.runinfo import REPO_ROOT
 
 AXES = {"concurrency": int, "dtype": str, "prefix_cache": bool, "output_tokens": int, "prompts": str}
 TOP_KEYS = {"name", "description", "run", "checks", "axes", "target", "prompts"}
@@ -148,6 +149,11 @@ class Matrix:
 
     def target(self, name: str) -> Target:
         return next(t for t in self.targets if t.name == name)
+
+    def model_dir(self, target: str) -> str:
+        """The model a `serve` target runs (its --model, else the fixture model)."""
+        args = self.target(target).args
+        return args[args.index("--model") + 1] if "--model" in args else str(REPO_ROOT / "fixtures" / "models" / "tiny")
 
     def prompt_set(self, name: str) -> PromptSet:
         return next(p for p in self.prompt_sets if p.name == name)

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capture_helpers import write_prompts  # noqa: E402
 from dialect_fields_shared import capture_cache, one_capture  # noqa: E402
 
-from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ import numpy as np
 from capture_helpers import write_prompts
 from replay import ReplayServer, load, routes_for
 
-from tracekit.capture.capture_run import CaptureConfig, run_capture
 from tracekit.capture.dialects import Acc, get
+from tracekit.capture.http import CaptureConfig, run_capture
 from tracekit.capture.sse import SSEDecoder
 from tracekit.store import TraceReader
 

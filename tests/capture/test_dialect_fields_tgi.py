@@ -25,8 +25,8 @@ from dialect_fields_shared import (
 )
 from replay import ReplayServer, load, routes_for
 
-from tracekit.capture.capture_run import CaptureConfig, run_capture
 from tracekit.capture.dialects import Acc, RequestSpec, get
+from tracekit.capture.http import CaptureConfig, run_capture
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader
 

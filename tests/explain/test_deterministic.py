@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tracekit.analyze import diff
-from tracekit.capture.capture_run import CaptureConfig, run_capture
 from tracekit.capture.explain import Mate, ReplayConfig, Target, VariantConfig, replay, run_variants, tag_of
+from tracekit.capture.http import CaptureConfig, run_capture
 from tracekit.engine.process import start_engine
 from tracekit.store import TraceReader
 

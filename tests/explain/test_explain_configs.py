@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyze.matrix_report import diff_document, write_report
+from tracekit.analyze.matrix_report import write_report
 from tracekit.capture.explain.engines import configurations
-from tracekit.capture.matrix import load_matrix, run
-from tracekit.cli.explain import ExplainOptions, explain_run_cells
+from tracekit.capture.matrix import load_matrix
 from tracekit.errors import ConfigError
 from tracekit.rundir import RunDir
+from tracekit.workflows.explain import ExplainOptions, explain_run_cells
+from tracekit.workflows.matrix import run
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = """
@@ -83,7 +84,7 @@ def test_run_dir_flips_are_explained_on_each_configuration_and_reported(tmp_path
     serve = '["--threads", "1", "--slots", "4", "--inject-fault", "corrupt-prefix-cache"]'
     m = _matrix(tmp_path, serve)
     root = tmp_path / "run"
-    run(m, root, diff_document)
+    run(m, root)
     results, records = explain_run_cells(root, m, ExplainOptions(url="", repeats=1), teacher=False)
     cid = m.cells()[0].id
     assert [c for c, _ in results] == [cid]

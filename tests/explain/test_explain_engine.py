@@ -21,9 +21,9 @@ sys.path.insert(0, str(ROOT / "tests" / "capture"))
 
 from replay import ReplayServer, routes_for  # noqa: E402
 
-from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
 from tracekit.capture.explain import Mate, Target, VariantConfig, run_variants, tag_of  # noqa: E402
 from tracekit.capture.explain.variants import priming  # noqa: E402
+from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 from tracekit.engine.process import start_engine  # noqa: E402
 from tracekit.errors import TracekitError  # noqa: E402
 from tracekit.store import TraceReader  # noqa: E402

@@ -114,7 +114,7 @@ def test_cli_json_plot_and_errors(tmp_path):
 def test_fp32_repeats_on_the_reference_engine_are_one_completion_each(tmp_path):
     """FP32 on the reference engine agrees to ~1e-5 whatever the batch: K repeats at
     concurrency 4 must give one completion per prompt, counted from a real capture."""
-    from tracekit.capture.capture_run import CaptureConfig, run_capture
+    from tracekit.capture.http import CaptureConfig, run_capture
     from tracekit.engine.process import start_engine
 
     with start_engine(["--threads", "1", "--slots", "4"], log_path=str(tmp_path / "engine.log")) as eng:

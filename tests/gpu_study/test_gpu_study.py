@@ -11,7 +11,8 @@ import pytest
 from bench.gpu_study import lanes, models
 from tracekit import modelinfo
 from tracekit.analyze.matrix_report import write_report
-from tracekit.capture.matrix import load_matrix, run
+from tracekit.capture.matrix import load_matrix
+from tracekit.workflows.matrix import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,9 +107,8 @@ name = "b4"
 serve = ["--slots", "4", "--max-context", "256"]
 """
     )
-    from tracekit.analyze.matrix_report import diff_document
 
-    run(load_matrix(m), tmp_path / "run", diff_document)
+    run(load_matrix(m), tmp_path / "run")
     rep = write_report(tmp_path / "run", plots=False)
     (entry,) = rep.summary["cross_target"]
     assert (entry["reference"], entry["other"], entry["concurrency"]) == ("b1", "b4", 4)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from llamacpp import start_server, tiny_gguf  # noqa: E402
 
-from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
+from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 
 BIN = os.environ.get("TRACEKIT_LLAMA_SERVER", "")
 SKIP = (

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tracekit.analyze.compare import diff
-from tracekit.capture.capture_run import CaptureConfig, run_capture
+from tracekit.capture.http import CaptureConfig, run_capture
 from tracekit.store import TraceReader
 
 PROMPTS = Path(__file__).resolve().parents[2] / "fixtures" / "prompts" / "cpu_small.jsonl"

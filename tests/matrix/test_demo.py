@@ -13,8 +13,8 @@ import pytest
 
 from tracekit.analyze.demo_report import demo_verdict
 from tracekit.analyze.matrix_report import CellRow
-from tracekit.capture.matrix.run import side_histories
 from tracekit.rundir import Cell, CellRecord, DiffRef, DiffSummary, LoadedCell, PairEvidence, RunDir
+from tracekit.workflows.matrix import side_histories
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -67,7 +67,7 @@ def test_a_killed_resume_keeps_the_rows_it_was_copying(engine, tmp_path):
     trace = tmp_path / "t.h5"
     _, got = kill_capture(engine, trace, 6)
     kept = set(got["keys"])
-    trace.rename(trace.with_name(trace.name + ".resume-prev"))  # what capture_run._resume_source does first
+    trace.rename(trace.with_name(trace.name + ".resume-prev"))  # what http._resume_source does first
     r = subprocess.run(
         crash.capture_cmd(engine.url, trace, REPEAT, "--resume", "--json"),
         capture_output=True,

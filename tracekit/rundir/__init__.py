@@ -17,7 +17,7 @@ The package: `records.py` (the frozen records and the constants of the format),
 `directory.py` (`RunDir`: the layout, writing, reading).
 """
 
-from .directory import RunDir
+from .directory import RunDir, read_explain, write_explain
 from .parse import read_diff
 from .records import (
     DIFF_CLASSES,
@@ -61,4 +61,6 @@ __all__ = [
     "TeacherRef",
     "now_utc",
     "read_diff",
+    "read_explain",
+    "write_explain",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from .parse import (
     write_json,
 )
 from .records import (
+    EXPLAIN_JSON,
+    EXPLAIN_SCHEMA,
     MANIFEST,
     MATRIX_COPY,
     REPORT,
@@ -29,6 +32,28 @@ from .records import (
     Manifest,
     RunView,
 )
+
+
+def write_explain(directory: str | os.PathLike, doc: dict) -> Path:
+    """Store a tracekit.explain document as DIRECTORY/explain.json (a cell's explain/ or a pair's --out)."""
+    path = Path(directory) / EXPLAIN_JSON
+    write_json(path, doc)
+    return path
+
+
+def read_explain(directory: str | os.PathLike) -> tuple[dict | None, str | None]:
+    """The tracekit.explain document of DIRECTORY/explain.json: (doc, None), (None, None) when
+    there is none, (None, reason) when it is unreadable or not such a document."""
+    path = Path(directory) / EXPLAIN_JSON
+    if not path.is_file():
+        return None, None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return None, f"{path}: unreadable ({e})"
+    if not isinstance(doc, dict) or doc.get("schema") != EXPLAIN_SCHEMA or not isinstance(doc.get("pairs"), list):
+        return None, f"{path}: not a {EXPLAIN_SCHEMA} document"
+    return doc, None
 
 
 class RunDir:
@@ -59,8 +84,21 @@ class RunDir:
     def engine_log_rel(engine_id: str) -> str:
         return f"engines/{engine_id}.log"
 
+    @staticmethod
+    def explain_rel(cell_id: str) -> str:
+        """Where `tracekit explain RUN_DIR` (and the demo) keep a cell's explain traces and explain.json."""
+        return f"cells/{cell_id}/explain"
+
     def path(self, rel: str) -> Path:
         return self.root / rel
+
+    def explain_dir(self, cell_id: str) -> Path:
+        return self.root / self.explain_rel(cell_id)
+
+    def read_explain(self, cell_id: str) -> tuple[dict | None, str | None]:
+        """(the cell's tracekit.explain document, None); (None, None) when the cell was not
+        explained; (None, why) when its explain.json cannot be read."""
+        return read_explain(self.explain_dir(cell_id))
 
     @property
     def report_dir(self) -> Path:

@@ -11,6 +11,8 @@ from ..schema import redact
 VERSION = 2  # of the whole directory: every JSON file of a run carries the same version
 MANIFEST = "manifest.json"
 MATRIX_COPY = "matrix.toml"
+EXPLAIN_JSON = "explain.json"  # in cells/<id>/explain/ (or a pair's explain --out directory)
+EXPLAIN_SCHEMA = "tracekit.explain/1"
 REPORT = "report"  # derived from the rest, rewritten by `tracekit report`; never hashed
 STATUSES = ("pass", "fail", "skip")
 DIFF_SCHEMA = "tracekit.diff"  # written by analyze (DiffResult.to_json); read here for the report

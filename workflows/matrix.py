@@ -1,13 +1,10 @@
-"""`run(matrix, out, differ)`: a whole matrix run as one library call.
+"""`run(matrix, out)`: a whole matrix run as one library call (`tracekit run`, `tracekit demo`).
 
-Captures every cell (cells.py), diffs each cell's burst against its serial
-baseline with the `differ` it is given, optionally replays the divergent keys
-through the teacher-forced diagnostic and diffs again with that cross-check,
-then hashes DIR into the manifest. Returns the run as read back from DIR.
-
-capture/ never imports analyze/, so the comparison comes in as a function: the
-CLI passes `tracekit.analyze.matrix_report.diff_document`; a library user may pass their
-own. The report (tracekit.analyze.matrix_report.write_report) is a separate step.
+Captures every cell (tracekit.capture.matrix.cells), diffs each cell's burst against its
+serial baseline (tracekit.analyze), optionally replays the divergent keys through the
+teacher-forced diagnostic (tracekit.capture.teacher) and diffs again with that cross-check,
+then hashes DIR into the manifest. Returns the run as read back from DIR. The report
+(`tracekit report`) is a separate step.
 """
 
 from __future__ import annotations
@@ -16,18 +13,14 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tracekit import __version__
+from tracekit.analyze.matrix_report import diff_document
+from tracekit.capture.matrix.cells import log, run_matrix
+from tracekit.capture.matrix.spec import Matrix
 from tracekit.errors import TracekitError
 from tracekit.rundir import CellRecord, DiffRef, LoadedCell, Manifest, RunDir, TeacherRef, now_utc, read_diff
-from tracekit.runinfo import REPO_ROOT, command_line, git_commit, host_info
-
-from .cells import log, run_matrix
-from .spec import Matrix
-
-# (A trace, B trace, teacher-forced trace or None) -> a tracekit.diff/1 document
-Differ = Callable[[Path, Path, "Path | None"], dict]
+from tracekit.runinfo import command_line, git_commit, host_info
 
 
 @dataclass(frozen=True)
@@ -55,22 +48,17 @@ class RunResult:
         return not self.failed_cells
 
 
-def _diff(rd: RunDir, r: CellRecord, differ: Differ, teacher: Path | None = None) -> DiffRef:
+def _diff(rd: RunDir, r: CellRecord, teacher: Path | None = None) -> DiffRef:
     if r.baseline is None or r.burst is None:
         return DiffRef(None, "no diff: a capture failed (see its checks)")
     try:
-        return rd.write_diff(r.cell.id, differ(rd.path(r.baseline), rd.path(r.burst), teacher), r.baseline, r.burst)
+        doc = diff_document(rd.path(r.baseline), rd.path(r.burst), teacher)
+        return rd.write_diff(r.cell.id, doc, r.baseline, r.burst)
     except TracekitError as e:
         return DiffRef(None, f"diff failed: {e}")
     except Exception as e:  # noqa: BLE001 - an analysis crash on one cell must not lose the run:
         # it is recorded as that cell's diff error (the cell then fails) and the run goes on.
         return DiffRef(None, f"diff crashed: {type(e).__name__}: {e}")
-
-
-def model_dir(m: Matrix, target: str) -> str:
-    """The model a `serve` target runs (its --model, else the fixture model)."""
-    args = m.target(target).args
-    return args[args.index("--model") + 1] if "--model" in args else str(REPO_ROOT / "fixtures" / "models" / "tiny")
 
 
 def side_histories(histories: str, pairs) -> tuple[str, list[str]]:
@@ -95,7 +83,7 @@ def side_histories(histories: str, pairs) -> tuple[str, list[str]]:
     return out, said
 
 
-def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, differ: Differ) -> CellRecord:
+def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan) -> CellRecord:
     """Replay the cell's divergent keys, then diff again with the cross-check."""
     if r.diff.path is None or m.target(r.cell.target).kind != "tracekit":
         return r
@@ -105,24 +93,22 @@ def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, differ: Di
     keys = tuple(p.key for p in div)
     if not keys:
         return r
-    from ..teacher import DiagnosticConfig, from_trace, parse_dtypes, parse_histories, run_diagnostic
+    from tracekit.capture.teacher import DiagnosticConfig, from_trace, parse_dtypes, parse_histories, run_diagnostic
 
     log(f"teacher-forced: {r.cell.id}: {len(keys)} divergent keys")
     histories, said = side_histories(plan.histories, div)
     for line in said:
         log(f"  {line}")
-    ref = TeacherRef(rd.teacher_rel(r.cell.id), keys, histories, plan.dtypes, model_dir(m, r.cell.target))
+    ref = TeacherRef(rd.teacher_rel(r.cell.id), keys, histories, plan.dtypes, m.model_dir(r.cell.target))
     cfg = DiagnosticConfig(ref.model, parse_histories(histories), parse_dtypes(plan.dtypes), device=plan.device)
     seqs = from_trace(str(rd.path(r.baseline)), list(keys))
     s = run_diagnostic(cfg, seqs, str(rd.path(ref.trace)), extra_run={"from": r.baseline})
     for line in s.skipped:
         log(f"  not replayed: {line}")
-    return dataclasses.replace(r, diff=_diff(rd, r, differ, rd.path(ref.trace)), teacher=ref)
+    return dataclasses.replace(r, diff=_diff(rd, r, rd.path(ref.trace)), teacher=ref)
 
 
-def run(
-    m: Matrix, out: str | os.PathLike, differ: Differ, *, teacher: TeacherPlan | None = None, argv=None
-) -> RunResult:
+def run(m: Matrix, out: str | os.PathLike, *, teacher: TeacherPlan | None = None, argv=None) -> RunResult:
     """Run every cell of m into the new directory `out`, diff, (teacher), manifest.
     Raises ConfigError when `out` already holds a run or a target's api_key_env is unset."""
     for t in m.targets:
@@ -132,9 +118,9 @@ def run(
     records, engines = run_matrix(m, rd)
     done = []
     for r in records:
-        r = dataclasses.replace(r, diff=_diff(rd, r, differ))
+        r = dataclasses.replace(r, diff=_diff(rd, r))
         if teacher is not None:
-            r = _teacher(rd, m, r, teacher, differ)
+            r = _teacher(rd, m, r, teacher)
         rd.write_cell(r)
         done.append(r)
     man = Manifest(

@@ -1,0 +1,131 @@
+"""Explain: the cause of each flip (`tracekit explain A.h5 B.h5 --url URL`, `RUN_DIR --url URL`,
+and the demo's explain step).
+
+The one place that wires the three steps: `tracekit.analyze.explain.select_pairs`
+(which pairs diverge, from the diff), `tracekit.capture.explain` (rerun them under
+controlled variants on the live engine(s), replay them teacher-forced),
+`tracekit.analyze.explain.explain` (score the runs, name the cause). `explain_files` is
+the entry for one A/B pair of traces; `explain_run_cells` for every divergent cell of a
+run directory, on engines it starts from the matrix."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracekit.analyze.explain import explain, select_pairs
+from tracekit.capture.explain import ReplayConfig, VariantConfig, plan_targets, replay, run_variants
+from tracekit.capture.explain.engines import start_configs
+from tracekit.rundir import RunDir, write_explain
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    url: str
+    repeats: int = 5
+    model_dir: str | None = None  # teacher-forced replay
+    dtypes: str = "fp32,bf16"
+    device: str = "cpu"
+    deterministic_url: str | None = None
+    fp32_url: str | None = None
+    top_logprobs: int = 5
+    drift_nats: float = 0.5
+    timeout_s: float = 600.0
+    api_key_env: str | None = None
+    config_repeats: int | None = None  # runs of each variant on the deterministic / FP32 configurations
+
+
+def log(msg: str) -> None:
+    """Progress on stderr, only on a terminal (stdout carries the verdicts)."""
+    if sys.stderr.isatty():
+        print(msg, file=sys.stderr, flush=True)
+
+
+def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str] | None = None):
+    """Explain the divergent (or chosen) pairs of A and B; traces and explain.json under root.
+    Returns the ExplainResult."""
+    pairs, skipped, _ = select_pairs(a, b, keys)
+    notes, variants, teacher, mates = [], [], None, {}
+    if pairs:
+        variants, teacher, mates, notes = _run(a, b, pairs, root, o)
+    result = explain(a, b, pairs, [str(v) for v in variants], teacher, mates, skipped, o.drift_nats, notes)
+    if pairs:
+        doc = result.to_json()
+        doc["traces"] = {"variants": [v.name for v in variants], "teacher_forced": teacher and Path(teacher).name}
+        write_explain(root, doc)
+    return result
+
+
+def _run(a, b, pairs, root: Path, o: ExplainOptions):
+    """Plan the targets, run the variants on each given URL and the teacher-forced replay."""
+    targets = plan_targets(a, b, pairs)
+    root.mkdir(parents=True, exist_ok=True)
+    notes, variants, teacher = [], [], None
+    for config, url in (("engine", o.url), ("deterministic", o.deterministic_url), ("fp32", o.fp32_url)):
+        if not url:
+            notes.append(f"{config} configuration: not run (no --{config}-url)")
+            continue
+        path = root / f"variants-{config}.h5"
+        reps = o.repeats if config == "engine" or o.config_repeats is None else o.config_repeats
+        vcfg = VariantConfig(url, str(path), config, reps, o.top_logprobs, o.timeout_s)
+        log(f"explain: {len(targets)} pairs x {reps} repeats on {url} ({config}) -> {path}")
+        s = run_variants(dataclasses.replace(vcfg, api_key_env=o.api_key_env), targets)
+        notes += s.notes
+        variants.append(path)
+    if o.model_dir:
+        teacher = str(root / "teacher.h5")
+        log(f"explain: teacher-forced replay of {len(targets)} pairs -> {teacher}")
+        dts = tuple(d.strip() for d in o.dtypes.split(",") if d.strip())
+        replay(ReplayConfig(o.model_dir, teacher, dts, o.device, o.top_logprobs), targets)
+    else:
+        notes.append("teacher-forced replay: not run (no --teacher-forced MODEL_DIR)")
+    return variants, teacher, {t.key: len(t.mates) for t in targets}, notes
+
+
+def explain_run_cells(root: Path, m, o: ExplainOptions, only: list[str] | None = None, teacher: bool = True):
+    """Explain every divergent cell of a `tracekit run` directory on engines started here from the
+    matrix `m`: per engine configuration, a fresh engine of the cell's own configuration and the
+    target's named variants (deterministic, FP32; capture/explain/engines.py), and with `teacher`
+    the teacher-forced replay on the target's model (`o.model_dir`, else the target's). Traces and
+    explain.json under DIR/cells/<id>/explain/ (RunDir.explain_dir); engine logs under DIR/engines/explain/.
+    Returns ([(cell id, ExplainResult)], the engines' records)."""
+    rd = RunDir(root)
+    jobs = [(rd.read_cell(cid).cell, a, b) for cid, a, b in run_dir_cells(root, only)]
+    results, records = [], []
+    for engine_id in dict.fromkeys(c.engine_id for c, _, _ in jobs):
+        group = [j for j in jobs if j[0].engine_id == engine_id]
+        log(f"explain: starting the engines of {engine_id}")
+        eng = start_configs(m, group[0][0], rd.root / "engines" / "explain")
+        for note in eng.notes:
+            print(f"explain: {note}", file=sys.stderr, flush=True)
+        try:
+            for cell, a, b in group:
+                log(f"explain: cell {cell.id}")
+                co = dataclasses.replace(
+                    o,
+                    url=eng.urls["engine"],
+                    deterministic_url=eng.urls.get("deterministic"),
+                    fp32_url=eng.urls.get("fp32"),
+                    model_dir=(o.model_dir or m.model_dir(cell.target)) if teacher else None,
+                )
+                results.append((cell.id, explain_files(a, b, rd.explain_dir(cell.id), co)))
+        finally:
+            records += eng.stop()
+    return results, records
+
+
+def run_dir_cells(root: Path, only: list[str] | None) -> list[tuple[str, str, str]]:
+    """(cell id, A, B) of each cell of a run directory whose diff has divergent pairs."""
+    rd = RunDir(root)
+    out = []
+    for c in rd.load()[1]:
+        rec = c.record
+        if only and rec.cell.id not in only:
+            continue
+        if c.diff is None or rec.baseline is None or rec.burst is None:
+            continue
+        if any(p.position is not None and p.cls not in ("identical", "incomparable") for p in c.diff.pairs):
+            out.append((rec.cell.id, str(rd.path(rec.baseline)), str(rd.path(rec.burst))))
+    return out
