@@ -6,8 +6,8 @@ architecture has a plan, N divides the head counts and the vocabulary, the
 backend exists, there are GPUs for it), then starts N fresh interpreters running
 `tp_rank.main` with torchrun's environment on 127.0.0.1 and a free port, each
 given its own spec file (its Rank and the run's TeacherConfig) on the command
-line, and collects their results. Each rank (tp_rank.py) initializes torch.distributed (gloo on CPU, nccl on
-CUDA, or `--tp-backend`), loads the model with `tp_plan="auto"` (through
+line, and collects their results. Each rank (tp_rank.py) initializes
+torch.distributed (gloo on CPU, nccl on CUDA, or `--tp-backend`), loads the model with `tp_plan="auto"` (through
 `DistributedConfig` where transformers has it) and runs the very same
 diagnostic: the same sequences, batches and forwards on every rank, because
 each forward's collectives need all of them. Rank 0 writes the trace and its
