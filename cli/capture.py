@@ -2,9 +2,9 @@
 teacher forcing a local model (`--teacher-forced MODEL`). Exactly one of the two.
 
 The command only parses options and dispatches: `tracekit.capture.http.run_capture`
-for HTTP, `tracekit.capture.teacher.run_from_options` for teacher forcing. Every option is
-declared once, in OPTIONS, with the mode it belongs to; an option of one mode given
-in the other is a usage error. Exit codes: 0 every request ok, 1 some request failed
+for HTTP, `tracekit.capture.teacher.run_teacher` (on a `TeacherConfig`) for teacher
+forcing. Every option is declared once, in OPTIONS, with the mode it belongs to; an
+option of one mode given in the other is a usage error. Exit codes: 0 every request ok, 1 some request failed
 (the trace still holds its row), 2 usage, 3 tool error, 130 interrupted.
 """
 
@@ -281,11 +281,11 @@ def _only_for(ctx, mode: str) -> None:
 
 
 def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
-    from tracekit.capture import teacher
+    from tracekit.capture.teacher import TeacherConfig, run_teacher
 
     opts["max_tokens"] = opts["max_tokens"] if opts["max_tokens"] is not None else TEACHER_MAX_TOKENS
     opts["dtype"] = opts["dtype"] or TEACHER_DTYPE
-    s = teacher.run_from_options(teacher_forced=model, **opts)
+    s = run_teacher(TeacherConfig(model_dir=model, **opts))
     if as_json:
         click.echo(json.dumps(s.as_dict(), sort_keys=True))
     else:

@@ -3,7 +3,7 @@
 For each dtype the model is loaded once; sequences with the same prompt and
 output lengths and the same resolved histories go through together, in
 batches of at most `batch_tokens` input tokens, and each batch runs its
-histories as one trie (runner.run_histories). Rows are written one per
+histories as one trie (trie.run_histories). Rows are written one per
 (sequence, history, dtype) and flushed after each batch.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,8 +22,10 @@ from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta
 
 from .history import History, HistorySpec
+from .model import load_model, resolve_attn
+from .records import DiagnosticSummary, Rank
 from .sequences import TokenSequence
-from .tp import writes_trace
+from .trie import run_histories
 
 FULL_LOGITS_LIMIT_BYTES = 10**9
 
@@ -41,25 +43,12 @@ class DiagnosticConfig:
     cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
     batch_tokens: int = 1 << 15  # input tokens per batched forward (memory bound)
     batch_logits_bytes: int = 1 << 29  # FP32 bytes of one history's scored logits [N, G, V] per batch
-    tp: int = 1  # tensor-parallel size (tp.py): > 1 only inside the ranks that tp.launch starts
+    rank: Rank | None = None  # this process's rank of a --tp run (only inside the ranks tp.launch starts)
 
-
-@dataclass
-class DiagnosticSummary:
-    path: str
-    rows: int = 0
-    sequences: int = 0
-    skipped: list[str] = field(default_factory=list)  # "key history (why)": pairs that do not apply
-    seconds_by_dtype: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return {
-            "out": self.path,
-            "rows": self.rows,
-            "sequences": self.sequences,
-            "skipped": list(self.skipped),
-            "seconds_by_dtype": dict(self.seconds_by_dtype),
-        }
+    @property
+    def tp(self) -> int:
+        """The tensor-parallel size: 1 without a rank."""
+        return self.rank.world if self.rank is not None else 1
 
 
 def resolve(seq: TokenSequence, specs: tuple[HistorySpec, ...]) -> tuple[list[History], list[str]]:
@@ -136,8 +125,6 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
     import torch
     import transformers
 
-    from .model import resolve_attn
-
     run = base_run(
         model=cfg.model_dir,
         histories=[s.label for s in cfg.histories],
@@ -164,15 +151,12 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
 
 def _tp_run(cfg: DiagnosticConfig) -> dict:
     """Run metadata of a TP run: backend, each rank's device, and torch's threads a rank (CPU)."""
-    if cfg.tp == 1:
+    if cfg.rank is None:
         return {}
     import torch
 
-    from .tp import run_setup
-
-    setup = run_setup()
-    devices = [setup.rank_device(r) for r in range(setup.tp)]
-    return {"tp_backend": setup.backend, "tp_devices": devices, "torch_threads": torch.get_num_threads()}
+    r = cfg.rank
+    return {"tp_backend": r.backend, "tp_devices": list(r.devices), "torch_threads": torch.get_num_threads()}
 
 
 def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[TokenSequence], batches) -> int:
@@ -180,7 +164,6 @@ def write_rows(writer, cfg: DiagnosticConfig, lm, seqs: list[TokenSequence], bat
     import torch
 
     from .scoring import score
-    from .trie import run_histories
 
     rows = 0
     for idx, hists in batches:
@@ -218,8 +201,6 @@ def run_diagnostic(
     loaded LoadedModel in cfg.dtypes[0] (the greedy generator's), reused."""
     from tracekit.store import TraceWriter
 
-    from .model import load_model
-
     summary, writer, batches = None, None, None
     try:
         for d in cfg.dtypes:
@@ -227,7 +208,7 @@ def run_diagnostic(
             lm = (
                 first_model
                 if first_model is not None and first_model.dtype == d
-                else load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs, cfg.tp)
+                else load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs, cfg.rank)
             )
             if batches is None:
                 batches, skipped = plan_batches(
@@ -242,7 +223,11 @@ def run_diagnostic(
                 # Chunk-size hint (rows x histories x dtypes): a small diagnostic gets a small file.
                 hint = sum(len(q.gen_ids) for q in seqs) * len(cfg.histories) * len(cfg.dtypes)
                 meta = run_meta(cfg, lm.vocab_size, eos_token_ids(cfg.model_dir), extra_run or {})
-                writer = TraceWriter(out, meta, expected_tokens=hint) if writes_trace() else _NoWriter()
+                writer = (
+                    TraceWriter(out, meta, expected_tokens=hint)
+                    if cfg.rank is None or cfg.rank.writes_trace
+                    else _NoWriter()
+                )
             summary.rows += write_rows(writer, cfg, lm, seqs, batches)
             summary.seconds_by_dtype[d] = round(time.perf_counter() - t0, 3)
             print(

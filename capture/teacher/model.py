@@ -8,35 +8,29 @@ tracekit/dtypes.py), the attention implementation, the forward's cache keyword
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 from tracekit.dtypes import torch_dtype
 from tracekit.errors import ConfigError
 from tracekit.hfcompat import cache_keyword
 
-
-@dataclass
-class LoadedModel:
-    """A model ready for teacher-forced forwards (eval mode, on its device)."""
-
-    model: Any
-    dtype: str
-    device: str
-    cache_kw: str  # forward keyword for the KV cache: 'cache' (5.2x) or 'past_key_values'
-    vocab_size: int
-    cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
+from .records import LoadedModel, Rank
 
 
 def load_model(
-    model_dir: str, dtype: str, device: str = "cpu", attn: str = "auto", cuda_graphs: bool = True, tp: int = 1
+    model_dir: str,
+    dtype: str,
+    device: str = "cpu",
+    attn: str = "auto",
+    cuda_graphs: bool = True,
+    rank: Rank | None = None,
 ) -> LoadedModel:
     """Load an HF causal-LM directory in one dtype; a bad directory is a ConfigError.
 
     device: cpu, cuda, cuda:N, or auto = transformers' own multi-GPU placement
     (`device_map="auto"`, layers split across the visible GPUs; needs accelerate).
-    tp > 1: inside a rank of tp.launch, the model's own tensor-parallel plan over
-    the initialized process group, on this rank's device; decode steps run eagerly.
+    rank: inside a rank that tp.launch started, the model's own tensor-parallel plan
+    over the initialized process group, on rank.device; decode steps run eagerly.
     """
     import importlib.util
     import sys
@@ -55,10 +49,8 @@ def load_model(
             "package (pip install accelerate); or pass --device cuda for one GPU"
         )
     kwargs = {"device_map": "auto"} if device == "auto" else {}
-    if tp > 1:
-        from .tp import load_kwargs, rank_device
-
-        kwargs, device = load_kwargs(tp), rank_device()
+    if rank is not None:
+        kwargs, device = tp_load_kwargs(rank.world), rank.device
     attn = resolve_attn(attn, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -67,11 +59,22 @@ def load_model(
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{model_dir}: cannot load as an HF causal LM ({first})") from None
-    if tp > 1:  # transformers placed each shard on this rank's device; graphs cannot hold a gloo collective
+    if rank is not None:  # transformers placed each shard on this rank's device; graphs cannot hold a gloo collective
         return wrap_model(model.eval(), dtype, device, cuda_graphs=False)
     if device == "auto":  # inputs go where the embedding lives; accelerate's hooks move activations on
         return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device), cuda_graphs)
     return wrap_model(model.to(device).eval(), dtype, device, cuda_graphs)
+
+
+def tp_load_kwargs(tp: int) -> dict:
+    """from_pretrained's arguments for the model's own plan over tp ranks: DistributedConfig in
+    transformers 5.x (5.17 and 5.24 have it; the bare tp_plan keyword is deprecated there), else
+    the tp_plan="auto" keyword of earlier releases."""
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError:
+        return {"tp_plan": "auto", "tp_size": tp}
+    return {"distributed_config": DistributedConfig(tp_plan="auto", tp_size=tp)}
 
 
 ATTNS = ("sdpa", "eager", "sdpa_lower_right", "auto")

@@ -1,12 +1,13 @@
-"""`--tp N`: the diagnostic's histories and dtypes under transformers' own
-tensor-parallel plan, one process a rank.
+"""`--tp N`, the launcher: the diagnostic's histories and dtypes under transformers'
+own tensor-parallel plan, one process a rank.
 
 The calling process checks what it can before any rank starts (the
 architecture has a plan, N divides the head counts and the vocabulary, the
-backend exists, there are GPUs for it), then starts N copies of this module
-(`main` below, in a fresh interpreter) with torchrun's environment on 127.0.0.1 and
-a free port. Each rank initializes torch.distributed (gloo on CPU, nccl on
-CUDA, or `--tp-backend`), loads the model with `tp_plan="auto"` (through
+backend exists, there are GPUs for it), then starts N fresh interpreters running
+`tp_rank.main` with torchrun's environment on 127.0.0.1 and a free port, each
+given its own spec file (its Rank and the run's TeacherConfig) on the command
+line, and collects their results. Each rank (tp_rank.py) initializes
+torch.distributed (gloo on CPU, nccl on CUDA, or `--tp-backend`), loads the model with `tp_plan="auto"` (through
 `DistributedConfig` where transformers has it) and runs the very same
 diagnostic: the same sequences, batches and forwards on every rank, because
 each forward's collectives need all of them. Rank 0 writes the trace and its
@@ -32,7 +33,9 @@ from pathlib import Path
 
 from tracekit.errors import ConfigError, TracekitError
 
-SPEC_ENV = "TRACEKIT_TP_SPEC"  # set by the launcher in each rank: the JSON spec's path
+from .config import TeacherConfig
+from .records import DiagnosticSummary, Rank
+
 BACKENDS = ("gloo", "nccl")
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the folder holding capture/, for the ranks' sys.path
 
@@ -49,15 +52,9 @@ class TPSetup:
     def rank_device(self, rank: int) -> str:
         return f"cuda:{self.devices[rank]}" if self.devices else "cpu"
 
-
-def in_rank() -> bool:
-    """True inside a rank started by `launch` (torch.distributed is initialized there)."""
-    return SPEC_ENV in os.environ
-
-
-def writes_trace() -> bool:
-    """Rank 0 writes the trace (and a run without --tp does)."""
-    return not in_rank() or int(os.environ.get("RANK", "0")) == 0
+    def rank(self, index: int) -> Rank:
+        """What rank `index` is told about itself (tp_rank.main reads it from its spec file)."""
+        return Rank(index, self.tp, self.backend, tuple(self.rank_device(r) for r in range(self.tp)))
 
 
 # ---- checks before any rank starts ---------------------------------------------------------------
@@ -148,17 +145,13 @@ def check_plan(model_dir: str, tp: int) -> None:
 # ---- the launcher --------------------------------------------------------------------------------
 
 
-def launch(setup: TPSetup, opts: dict):
-    """Start the ranks on `opts` (run_from_options' keyword arguments), wait for all of them, and
-    return rank 0's DiagnosticSummary. A rank's TracekitError comes back as the same error; a rank
-    that dies otherwise stops the others (a rank alone would wait in a collective)."""
-    from .diagnostic import DiagnosticSummary
-
+def launch(setup: TPSetup, cfg: TeacherConfig) -> DiagnosticSummary:
+    """Start the ranks on `cfg`, wait for all of them, and return rank 0's DiagnosticSummary.
+    A rank's TracekitError comes back as the same error; a rank that dies otherwise stops the
+    others (a rank alone would wait in a collective)."""
     with tempfile.TemporaryDirectory(prefix="tracekit-tp-") as tmp:
-        spec = Path(tmp) / "spec.json"
-        spec.write_text(json.dumps({"opts": opts, "setup": asdict(setup), "dir": tmp}))
         port = _free_port()
-        procs = [_start(setup, r, spec, Path(tmp), port) for r in range(setup.tp)]
+        procs = [_start(setup, r, _write_spec(setup, r, cfg, Path(tmp)), Path(tmp), port) for r in range(setup.tp)]
         failed = _wait_all(procs)
         results = [_result(Path(tmp), r) for r in range(setup.tp)]
         errors = [(r, x) for r, x in enumerate(results) if "error" in x]
@@ -166,7 +159,15 @@ def launch(setup: TPSetup, opts: dict):
             raise ConfigError(errors[0][1]["error"])
         if failed is not None:
             raise _rank_failed(Path(tmp), setup.tp, *failed)
-        return DiagnosticSummary(**_summary_fields(results[0]["summary"]))
+        return DiagnosticSummary.from_dict(results[0]["summary"])
+
+
+def _write_spec(setup: TPSetup, rank: int, cfg: TeacherConfig, tmp: Path) -> Path:
+    """Rank `rank`'s spec file: everything it runs on, and where it writes its result."""
+    spec = tmp / f"spec{rank}.json"
+    result = tmp / f"result{rank}.json"
+    spec.write_text(json.dumps({"rank": setup.rank(rank).as_dict(), "config": asdict(cfg), "result": str(result)}))
+    return spec
 
 
 def _rank_failed(tmp: Path, tp: int, rank: int, code: int) -> TracekitError:
@@ -193,7 +194,6 @@ def _start(setup: TPSetup, rank: int, spec: Path, tmp: Path, port: int) -> subpr
     env = dict(os.environ)
     env.update(
         {
-            SPEC_ENV: str(spec),
             "RANK": str(rank),
             "LOCAL_RANK": str(setup.devices[rank] if setup.devices else rank),  # the device transformers binds
             "WORLD_SIZE": str(setup.tp),
@@ -212,7 +212,9 @@ def _start(setup: TPSetup, rank: int, spec: Path, tmp: Path, port: int) -> subpr
         lo = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
         if lo:  # every rank is on this host: loopback, whatever the hostname resolves to
             env["GLOO_SOCKET_IFNAME"] = lo[0]
-    cmd = [sys.executable, "-c", "import sys; from tracekit.capture.teacher.tp import main; sys.exit(main())"]
+    # the spec file's path is the rank's one argument: read once, at its entry point (tp_rank.main)
+    entry = "import sys; from tracekit.capture.teacher.tp_rank import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", entry, str(spec)]
     # stdout stays data (the CLI's summary): rank 0's output goes to stderr, the others' to a log
     if rank == 0:
         err = _stderr_fd()
@@ -265,107 +267,3 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def _result(tmp: Path, rank: int) -> dict:
     f = tmp / f"result{rank}.json"
     return json.loads(f.read_text()) if f.exists() else {}
-
-
-def _summary_fields(d: dict) -> dict:
-    return {
-        "path": d["out"],
-        "rows": d["rows"],
-        "sequences": d["sequences"],
-        "skipped": d["skipped"],
-        "seconds_by_dtype": d["seconds_by_dtype"],
-    }
-
-
-# ---- inside a rank -------------------------------------------------------------------------------
-
-
-def load_kwargs(tp: int) -> dict:
-    """from_pretrained's arguments for the model's own plan over tp ranks: DistributedConfig in
-    transformers 5.x (5.17 and 5.24 have it; the bare tp_plan keyword is deprecated there), else
-    the tp_plan="auto" keyword of earlier releases."""
-    try:
-        from transformers.distributed import DistributedConfig
-    except ImportError:
-        return {"tp_plan": "auto", "tp_size": tp}
-    return {"distributed_config": DistributedConfig(tp_plan="auto", tp_size=tp)}
-
-
-def _spec() -> dict:
-    return json.loads(Path(os.environ[SPEC_ENV]).read_text())
-
-
-def _setup_of(spec: dict) -> TPSetup:
-    return TPSetup(**{**spec["setup"], "devices": tuple(spec["setup"]["devices"])})
-
-
-def run_setup() -> TPSetup:
-    """Inside a rank: the launcher's TPSetup."""
-    return _setup_of(_spec())
-
-
-def rank_device() -> str:
-    """This rank's device: cuda:LOCAL_RANK when the run is on CUDA, else cpu."""
-    return run_setup().rank_device(int(os.environ["RANK"]))
-
-
-def _init_process_group(setup: TPSetup, rank: int) -> None:
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    kw = {}
-    if setup.device_type == "cuda":
-        torch.cuda.set_device(setup.devices[rank])
-        if setup.backend == "nccl":
-            kw["device_id"] = torch.device("cuda", setup.devices[rank])
-    dist.init_process_group(setup.backend, rank=rank, world_size=setup.tp, timeout=timedelta(minutes=30), **kw)
-    if setup.backend == "gloo" and setup.device_type == "cuda":
-        _plain_all_gather()
-
-
-def _plain_all_gather() -> None:
-    """gloo with CUDA tensors: torch 2.11's functional all-gather (what DTensor's redistribute
-    calls, e.g. for the LM head's `colwise_gather_output`) segfaults in wait_tensor on an H200,
-    while the plain `all_gather_into_tensor` on the same tensors works. Route the functional call
-    through the plain one: a gather copies, it does no arithmetic, so the logits are the same."""
-    import torch
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-    from torch.distributed import distributed_c10d as c10d
-
-    def gather(self, gather_dim, group, tag=""):
-        pg = c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
-        n = dist.get_world_size(pg)
-        src = self.contiguous()
-        out = torch.empty((n * src.shape[0], *src.shape[1:]), dtype=src.dtype, device=src.device)
-        dist.all_gather_into_tensor(out, src, group=pg)
-        return out if gather_dim == 0 else torch.cat(out.chunk(n, dim=0), dim=gather_dim)
-
-    funcol.all_gather_tensor = gather
-    if hasattr(funcol, "all_gather_single"):
-        funcol.all_gather_single = gather
-
-
-def main() -> int:
-    """One rank: run the diagnostic with the launcher's options; write this rank's result file."""
-    spec = _spec()
-    setup = _setup_of(spec)
-    rank = int(os.environ["RANK"])
-    out = Path(spec["dir"]) / f"result{rank}.json"
-    _init_process_group(setup, rank)
-    from . import run_from_options
-
-    try:
-        summary = run_from_options(**spec["opts"])
-    except TracekitError as e:
-        out.write_text(json.dumps({"error": str(e)}))
-        return 3
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    out.write_text(json.dumps({"summary": summary.as_dict()}))
-    return 0

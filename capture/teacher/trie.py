@@ -20,7 +20,8 @@ from tracekit.hfcompat import new_dynamic_cache
 
 from .graphs import MIN_STEPS, NoGraph, decode_chain, graphable
 from .history import History
-from .model import LoadedModel, fork_cache
+from .model import fork_cache
+from .records import LoadedModel
 
 
 def _forward(lm: LoadedModel, ids, cache, keep: int):

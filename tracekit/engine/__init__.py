@@ -1,7 +1,7 @@
 """The reference serving engine behind `tracekit serve`.
 
 Modules: executor (model + per-slot KV, prefill, batched decode), prefix_cache
-(hash-chained KV blocks, LRU), engine (the owner loop), protocol (OpenAI /
+(hash-chained KV blocks, LRU), kvblock (one block's KV), engine (the owner loop), protocol (OpenAI /
 vLLM completions dialect), textstream (detokenization, stop strings), server
 (aiohttp routes), connections (the listening socket: header deadline,
 loopback warning), faults (injected prefix-cache faults, testing only), metrics

@@ -26,12 +26,9 @@ import hashlib
 import math
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .prefix_cache import Block
+from .kvblock import Block
 
 KINDS = ("corrupt-prefix-cache", "perturb-kv:EPS")
 NOISE_SEED = 0x7472616365  # mixed into every block's noise seed ("trace")
@@ -124,8 +121,6 @@ def apply_fault(
 def _foreign_block(blk: Block, own: set[bytes], cached) -> Block:
     import torch
 
-    from .prefix_cache import Block
-
     other = next((b for k, b in cached if k not in own), None)
     if other is not None:
         return Block([k.clone() for k in other.keys], [v.clone() for v in other.values])
@@ -135,8 +130,6 @@ def _foreign_block(blk: Block, own: set[bytes], cached) -> Block:
 def _perturbed(blk: Block, key: bytes, eps: float) -> Block:
     """blk * (1 + eps * noise), computed in float32 and rounded back to the KV dtype."""
     import torch
-
-    from .prefix_cache import Block
 
     seed = (int.from_bytes(key[:8], "little") ^ NOISE_SEED) & ((1 << 63) - 1)
     gen = torch.Generator().manual_seed(seed)

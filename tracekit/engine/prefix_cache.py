@@ -14,12 +14,9 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .faults import Fault, FaultLog, apply_fault
-
-if TYPE_CHECKING:  # annotations only; the engine imports torch where it runs a model
-    import torch
+from .kvblock import Block
 
 ROOT = b"tracekit-prefix-root"
 
@@ -34,12 +31,6 @@ def chain_keys(tokens: list[int], block_size: int, n_blocks: int) -> list[bytes]
         prev = h.digest()
         keys.append(prev)
     return keys
-
-
-@dataclass
-class Block:
-    keys: list[torch.Tensor]  # per layer [Hkv, block_size, D]
-    values: list[torch.Tensor]  # per layer [Hkv, block_size, D]
 
 
 @dataclass

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tracekit.capture.teacher import run_from_options
+from tracekit.capture.teacher import TeacherConfig, run_teacher
 from tracekit.errors import ConfigError, TracekitError
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns
 from tracekit.store import TraceReader, TraceWriter
@@ -23,15 +23,17 @@ def _prompts(tmp_path, n=4):
 
 def test_prompts_to_trace_one_row_per_sequence_history_dtype(random_model_dir, tmp_path):
     out = tmp_path / "diag.h5"
-    s = run_from_options(
-        teacher_forced=str(random_model_dir),
-        prompts=str(_prompts(tmp_path)),
-        max_tokens=6,
-        history="full,prefix:5,chunked:4,decode",
-        dtype="fp32,bf16",
-        top_logprobs=5,
-        full_logits=True,
-        out=str(out),
+    s = run_teacher(
+        TeacherConfig(
+            model_dir=str(random_model_dir),
+            prompts=str(_prompts(tmp_path)),
+            max_tokens=6,
+            history="full,prefix:5,chunked:4,decode",
+            dtype="fp32,bf16",
+            top_logprobs=5,
+            full_logits=True,
+            out=str(out),
+        )
     )
     assert (s.sequences, s.rows) == (4, 4 * 4 * 2)
     with TraceReader(out) as r:
@@ -94,8 +96,10 @@ def test_from_trace_prefix_auto_uses_reported_cached_tokens(random_model_dir, tm
         ],
     )
     out = tmp_path / "diag.h5"
-    s = run_from_options(
-        teacher_forced=str(random_model_dir), from_path=str(src), history="full,prefix:auto", dtype="fp32", out=str(out)
+    s = run_teacher(
+        TeacherConfig(
+            model_dir=str(random_model_dir), from_path=str(src), history="full,prefix:auto", dtype="fp32", out=str(out)
+        )
     )
     # No boundary reported: said, with why, not guessed.
     assert s.skipped == [
@@ -115,31 +119,35 @@ def test_from_trace_prefix_auto_uses_reported_cached_tokens(random_model_dir, tm
         np.testing.assert_array_equal(r.prompt_ids(i), np.arange(1, 21))
         np.testing.assert_array_equal(r.tokens(i).token_id, [5, 6, 7, 8])
         assert t.prompt_hash[i] == "ha" and t.finish_reason[i] == "length"
-    s = run_from_options(
-        teacher_forced=str(random_model_dir),
-        from_path=str(src),
-        keys="d",
-        history="decode",
-        dtype="bf16",
-        out=str(tmp_path / "d.h5"),
+    s = run_teacher(
+        TeacherConfig(
+            model_dir=str(random_model_dir),
+            from_path=str(src),
+            keys="d",
+            history="decode",
+            dtype="bf16",
+            out=str(tmp_path / "d.h5"),
+        )
     )
     assert s.rows == 1
     with pytest.raises(ConfigError, match="no request with key 'zz'"):
-        run_from_options(
-            teacher_forced=str(random_model_dir), from_path=str(src), keys="d,zz", out=str(tmp_path / "e.h5")
+        run_teacher(
+            TeacherConfig(model_dir=str(random_model_dir), from_path=str(src), keys="d,zz", out=str(tmp_path / "e.h5"))
         )
 
 
 def test_full_logits_over_1gb_refused_with_the_size(random_model_dir, tmp_path):
     # 4 prompts x 200,000 tokens x 2 histories x 512 ids x 4 B = 3.28 GB, refused before generating
     with pytest.raises(ConfigError, match=r"3\.28 GB .*--force"):
-        run_from_options(
-            teacher_forced=str(random_model_dir),
-            prompts=str(_prompts(tmp_path)),
-            max_tokens=200_000,
-            history="full,decode",
-            full_logits=True,
-            out=str(tmp_path / "x.h5"),
+        run_teacher(
+            TeacherConfig(
+                model_dir=str(random_model_dir),
+                prompts=str(_prompts(tmp_path)),
+                max_tokens=200_000,
+                history="full,decode",
+                full_logits=True,
+                out=str(tmp_path / "x.h5"),
+            )
         )
     assert not (tmp_path / "x.h5").exists()
 
@@ -161,12 +169,12 @@ def test_full_logits_over_1gb_refused_with_the_size(random_model_dir, tmp_path):
 def test_bad_options_are_config_errors(random_model_dir, tmp_path, monkeypatch, opts, msg):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(TracekitError, match=msg):  # the CLI prints each as one `Error:` line
-        run_from_options(teacher_forced=str(random_model_dir), out="o.h5", **opts)
+        run_teacher(TeacherConfig(model_dir=str(random_model_dir), out="o.h5", **opts))
 
 
 def test_not_a_model_dir(tmp_path):
     with pytest.raises(ConfigError, match="not an HF model directory"):
-        run_from_options(teacher_forced=str(tmp_path), prompts="p.jsonl", max_tokens=2, out=str(tmp_path / "o.h5"))
+        run_teacher(TeacherConfig(model_dir=str(tmp_path), prompts="p.jsonl", max_tokens=2, out=str(tmp_path / "o.h5")))
 
 
 def test_device_errors_are_one_line(random_model_dir, tmp_path):
@@ -184,12 +192,14 @@ def test_device_errors_are_one_line(random_model_dir, tmp_path):
         pytest.skip("CUDA and accelerate both present")
     for device, msg in cases:
         with pytest.raises(ConfigError, match=msg):
-            run_from_options(
-                teacher_forced=str(random_model_dir),
-                prompts=str(_prompts(tmp_path, 1)),
-                max_tokens=2,
-                device=device,
-                out=str(tmp_path / "o.h5"),
+            run_teacher(
+                TeacherConfig(
+                    model_dir=str(random_model_dir),
+                    prompts=str(_prompts(tmp_path, 1)),
+                    max_tokens=2,
+                    device=device,
+                    out=str(tmp_path / "o.h5"),
+                )
             )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.capture.teacher import run_from_options
+from tracekit.capture.teacher import TeacherConfig, run_teacher
 from tracekit.capture.teacher.history import HistorySpec
 from tracekit.capture.teacher.model import load_model
 from tracekit.capture.teacher.sequences import from_trace
@@ -34,14 +34,16 @@ FP32_HISTORIES = ("full", "prefix:5", "prefix:16", "prefix:33", "chunked:8", "de
 @pytest.fixture(scope="module")
 def fp32_trace(fixture_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("fixture") / "fp32.h5"
-    run_from_options(
-        teacher_forced=str(fixture_model_dir),
-        prompts=str(PROMPTS),
-        max_tokens=32,
-        history=",".join(FP32_HISTORIES),
-        dtype="fp32",
-        full_logits=True,
-        out=str(out),
+    run_teacher(
+        TeacherConfig(
+            model_dir=str(fixture_model_dir),
+            prompts=str(PROMPTS),
+            max_tokens=32,
+            history=",".join(FP32_HISTORIES),
+            dtype="fp32",
+            full_logits=True,
+            out=str(out),
+        )
     )
     return out
 
@@ -88,13 +90,15 @@ def test_bf16_prefix_split_flips_an_argmax_and_diff_calls_it_benign(fixture_mode
     assert found is not None, "no BF16 prefix:B flip on any fixture prompt"
     key, b = found
     out = tmp_path / "bf16.h5"
-    run_from_options(
-        teacher_forced=str(fixture_model_dir),
-        from_path=str(fp32_trace),
-        keys=key,
-        history=f"full,prefix:{b}",
-        dtype="bf16",
-        out=str(out),
+    run_teacher(
+        TeacherConfig(
+            model_dir=str(fixture_model_dir),
+            from_path=str(fp32_trace),
+            keys=key,
+            history=f"full,prefix:{b}",
+            dtype="bf16",
+            out=str(out),
+        )
     )
     with TraceReader(out) as r:
         rows = {r.requests.history[i]: r.tokens(i) for i in range(len(r))}

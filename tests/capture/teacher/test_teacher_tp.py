@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tracekit.analyze.compare import diff
-from tracekit.capture.teacher import run_from_options, tp
+from tracekit.capture.teacher import TeacherConfig, run_teacher, tp
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader
 
@@ -166,7 +166,7 @@ def test_tp_not_dividing_heads_is_one_line_before_any_rank(fixture_model_dir, tm
 
 
 def _opts(model_dir, tmp_path, **kw):
-    base = dict(teacher_forced=str(model_dir), out=str(tmp_path / "x.h5"), prompts=str(PROMPTS), max_tokens=2)
+    base = dict(model_dir=str(model_dir), out=str(tmp_path / "x.h5"), prompts=str(PROMPTS), max_tokens=2)
     return {**base, **kw}
 
 
@@ -192,7 +192,7 @@ def test_architecture_without_tp_plan(tmp_path):
 )
 def test_option_errors(fixture_model_dir, tmp_path, kw, message):
     with pytest.raises(ConfigError, match=message):
-        run_from_options(**_opts(fixture_model_dir, tmp_path, **kw))
+        run_teacher(TeacherConfig(**_opts(fixture_model_dir, tmp_path, **kw)))
     assert not (tmp_path / "x.h5").exists()
 
 
@@ -202,4 +202,4 @@ def test_no_cuda_for_tp_on_cuda(fixture_model_dir, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     with pytest.raises(ConfigError, match="no CUDA device is visible"):
-        run_from_options(**_opts(fixture_model_dir, tmp_path, tp=2, device="cuda"))
+        run_teacher(TeacherConfig(**_opts(fixture_model_dir, tmp_path, tp=2, device="cuda")))
