@@ -14,6 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
+from tracekit.calibration import Calibration
 from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader, read_token_rows
@@ -167,6 +168,7 @@ def diff(
     tokenizer: str | None = None,
     dtype: str | None = None,
     teacher: str | os.PathLike | TraceReader | None = None,
+    calibration: Calibration | str | os.PathLike | None = None,
     **tolerances: float | None,
 ) -> DiffResult:
     """Compare trace b with the reference a, request by request (paired by key).
@@ -177,7 +179,10 @@ def diff(
     model directory to read them from. dtype: judge both traces on this grid instead
     of the one their metadata names. teacher: a teacher-forced diagnostic trace; each
     divergent pair then says whether some cache history or dtype of it reproduces
-    the flip (teacher.py).
+    the flip (teacher.py). calibration: this engine's measured noise (a
+    tracekit.calibration record or its path; `tracekit calibrate`): the run's flips are
+    tested against its P(flip | gap) (flip_rate.py) and the result fails when they are
+    more frequent, or at larger gaps, than the calibration predicts.
     """
     if thresholds is not None and tolerances:
         raise ConfigError("pass either thresholds= or tolerance keywords, not both")
@@ -232,4 +237,31 @@ def diff(
             notes.append("teacher-forced verdicts are a cross-check; the classes come from the HTTP traces")
         grids = {"a": grid_a, "b": grid_b}
         labels = {"a": run_label(side_a), "b": run_label(side_b)}
-        return DiffResult(ra.path, rb.path, thr, ids, src, cols, tuple(notes), grids, labels)
+        test = None
+        if calibration is not None:
+            test = _flip_test(al, cols, calibration)
+            notes.append(test.line())
+        else:
+            notes.append(UNCALIBRATED)
+        return DiffResult(ra.path, rb.path, thr, ids, src, cols, tuple(notes), grids, labels, test)
+
+
+UNCALIBRATED = (
+    "uncalibrated: judged on the documented default tolerances (measured on the tiny CPU model); a deeper "
+    "model's healthy noise can exceed them and a batched-path bug can hide under them. Measure this engine "
+    "with `tracekit calibrate` and pass --calibration"
+)
+
+
+def _flip_test(al, cols, calibration):
+    from tracekit.calibration import read_calibration
+
+    from .flip_rate import flip_test, position_gaps
+
+    cal = calibration if isinstance(calibration, Calibration) else read_calibration(calibration)
+    t = np.where(cols["position"] >= 0, cols["position"], al.length).astype(np.int64)
+    comparable = cols["incomparable"] == ""
+    bits = np.array([DTYPES[d].mantissa_bits for d in cols["dtype"].tolist()], dtype=np.int64)
+    dts = cols["dtype"][comparable].tolist() or ["unknown"]
+    main = max(set(dts), key=dts.count)
+    return flip_test(position_gaps(al, t, comparable, bits), cols["key"], cal, main)

@@ -110,6 +110,7 @@ class DiffResult:
     notes: tuple[str, ...] = ()
     grids: Mapping[str, Grid] = field(default_factory=dict)  # "a"/"b": the run-level grid
     labels: Mapping[str, str] = field(default_factory=dict)  # "a"/"b": what each trace is (run metadata)
+    flip_test: Any = None  # flip_rate.FlipTest against --calibration; None when judged uncalibrated
 
     def __len__(self) -> int:
         return len(self.columns["key"])
@@ -201,7 +202,7 @@ class DiffResult:
     @property
     def ok(self) -> bool:
         c = self.counts()
-        return not any(c[name] for name in FAILING)
+        return not any(c[name] for name in FAILING) and (self.flip_test is None or self.flip_test.ok)
 
     def thresholds_json(self) -> dict[str, Any]:
         """The tolerances in force: per dtype judged, and flat for the most common one."""
@@ -233,6 +234,7 @@ class DiffResult:
             "eos_token_ids": list(self.eos_ids),
             "eos_source": self.eos_source,
             "notes": list(self.notes),
+            "calibration": None if self.flip_test is None else self.flip_test.to_json(),
             "only": list(only) if only else None,
             "pairs": [p.to_json() for p in self.pairs if not only or p.cls in only],
         }

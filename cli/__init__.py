@@ -35,6 +35,7 @@ COMMANDS = {
     "demo": "demo",
     "stats": "stats",
     "explain": "explain",
+    "calibrate": "calibrate",
 }
 
 

@@ -16,6 +16,7 @@ Examples:
   tracekit diff http.h5 diag.h5 --b-select history=full,dtype=fp32 --json
   tracekit diff serial.h5 prefix_on.h5 --teacher-forced diag.h5
   tracekit diff vllm_a.h5 vllm_b.h5 --dtype bf16 --tokenizer ./model   # metadata without dtype / EOS
+  tracekit diff serial.h5 burst.h5 --calibration cal-bf16.json          # the run's flips vs this engine's noise
 """
 
 
@@ -64,7 +65,14 @@ def _tol_option(name: str, field: str, what: str):
 @click.option("--a-select", help="Rows of A to compare, e.g. history=full,dtype=fp32 (teacher-forced files).")
 @click.option("--b-select", help="Rows of B (and C ...) to compare.")
 @click.option("--eos", multiple=True, type=int, help="EOS token id (repeatable), added to the run metadata's.")
-def cmd(files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a_select, b_select, eos, **tol) -> int:
+@click.option(
+    "--calibration",
+    type=click.Path(dir_okay=False),
+    help="This engine's measured noise (`tracekit calibrate`): the run's flips are tested against it.",
+)
+def cmd(
+    files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a_select, b_select, eos, calibration, **tol
+) -> int:
     """Pair requests by key (FILES[0] is the reference A; every other file is
     compared with it) and classify each pair: identical, post_eos, bf16_tie_flip,
     cache_boundary, unexplained or incomparable. Exit 0 when no pair is
@@ -76,9 +84,11 @@ def cmd(files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a
         raise click.UsageError("--json and --markdown are exclusive")
     from tracekit.analyze import diff, report
     from tracekit.analyze.classify import Thresholds
+    from tracekit.calibration import read_calibration
     from tracekit.errors import TracekitError
 
     thr = Thresholds(grid_floor=grid_floor, **tol)
+    cal = read_calibration(calibration) if calibration else None
     results, errors = [], []
     for b in files[1:] or files[:1]:
         try:
@@ -93,6 +103,7 @@ def cmd(files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a
                     tokenizer=tokenizer,
                     dtype=dtype,
                     teacher=teacher,
+                    calibration=cal,
                 )
             )
         except TracekitError as e:

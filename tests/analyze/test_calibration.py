@@ -1,0 +1,147 @@
+"""The calibration record, its measurement and the run-level flip test, on real traces.
+
+The traces are the committed demo's (traces/demo: the reference engine, tiny model, BF16
+and FP32, serial baselines and bursts of 4 and 8). Why it matters: a batched-path bug flips
+more often and at larger gaps than the engine's healthy noise while each pair alone still
+looks like a tie; only a measured P(flip | gap) can say the run is off."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.analyze import diff
+from tracekit.analyze.calibrate import measure
+from tracekit.calibration import (
+    NATS_EDGES,
+    Calibration,
+    GapBins,
+    parse_calibration,
+    read_calibration,
+    write_calibration,
+)
+from tracekit.errors import SchemaVersionError, TraceFormatError
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "traces" / "demo"
+
+
+def _pair(dtype: str, prompts: str, c: int) -> tuple[str, str]:
+    g = DEMO / "groups" / f"ref.{dtype}.cache-on.{prompts}.out32" / "serial.h5"
+    b = DEMO / "cells" / f"ref.{dtype}.cache-on.{prompts}.out32.c{c}" / "burst.h5"
+    return str(g), str(b)
+
+
+PROMPTS = ("code16", "prefix8", "study128")
+
+
+@pytest.fixture(scope="module")
+def cal_bf16() -> Calibration:
+    return measure([_pair("bf16", p, 4) for p in PROMPTS], "demo-bf16-c4", eos=(0,))
+
+
+def test_measure_counts_every_compared_position_and_every_flip(cal_bf16):
+    """Trials are the positions up to and including each first difference; flips the
+    first differences: both must add up to what diff itself reports."""
+    positions, flips = 0, 0
+    for p in PROMPTS:
+        r = diff(*_pair("bf16", p, 4), eos=(0,))
+        c = r.columns
+        ok = c["incomparable"] == ""
+        t = np.where(c["position"] >= 0, c["position"] + 1, c["compared"])
+        positions += int(t[ok].sum())
+        flips += int(((c["position"] >= 0) & (c["position"] < c["compared"]) & ok).sum())
+    assert cal_bf16.flip_nats.total_trials == positions
+    assert cal_bf16.flip_nats.total_flips == flips
+    assert cal_bf16.flip_steps is not None and cal_bf16.flip_steps.total_flips == flips  # raw logits: steps too
+    assert cal_bf16.pairs == 40 and cal_bf16.dtype == "bf16"
+    assert 0 < cal_bf16.flip_gap_max_nats < 0.5 and cal_bf16.flip_gap_max_steps <= 4
+    assert cal_bf16.drift_max_nats["p100"] > 0 and len(cal_bf16.sources) == 3
+
+
+def test_record_round_trips_and_refuses_newer_versions(tmp_path, cal_bf16):
+    path = write_calibration(cal_bf16, tmp_path / "cal.json")
+    assert read_calibration(path) == cal_bf16
+    doc = json.loads(path.read_text())
+    doc["schema"] = "tracekit.calibration/9"
+    with pytest.raises(SchemaVersionError, match="version 9 is newer"):
+        parse_calibration(doc)
+    del doc["flip_nats"]
+    doc["schema"] = "tracekit.calibration/1"
+    with pytest.raises(TraceFormatError, match="'flip_nats' missing"):
+        parse_calibration(doc)
+
+
+def test_a_healthy_run_is_consistent_with_its_calibration(cal_bf16):
+    """The c8 bursts, judged against the c4 bursts' calibration: same engine, same noise."""
+    for p in PROMPTS:
+        r = diff(*_pair("bf16", p, 8), eos=(0,), calibration=cal_bf16)
+        assert r.flip_test is not None and r.flip_test.ok, r.flip_test.line()
+        assert r.flip_test.unit == "steps" and r.flip_test.observed == int((r.columns["position"] >= 0).sum())
+        assert any(n.startswith("run-level flip test") for n in r.notes)
+        assert r.to_json()["calibration"]["ok"] is True
+
+
+def _strict(cal: Calibration, p_small: float) -> Calibration:
+    """The same gaps with 10,000 trials a bin and flips only at rate p_small in the
+    smallest bin: an engine whose healthy noise almost never flips."""
+    n = len(NATS_EDGES) - 1
+    bins = GapBins("nats", NATS_EDGES, (10_000,) * n, (int(10_000 * p_small),) + (0,) * (n - 1))
+    return dataclasses.replace(cal, name="strict", flip_nats=bins, flip_steps=None, flip_gap_max_nats=5e-5)
+
+
+def test_more_flips_than_the_calibration_predicts_fail_the_run(cal_bf16):
+    """Each pair alone is a benign tie, but the run flips at gaps where this calibration
+    says flips (almost) never happen: the run is a finding, and diff's result fails."""
+    r = diff(*_pair("bf16", "prefix8", 8), eos=(0,), calibration=_strict(cal_bf16, 1e-4))
+    ft = r.flip_test
+    assert ft.unit == "nats"  # the strict calibration has no steps: judged in nats
+    assert ft.observed == 2 and ft.expected < 0.1 and ft.p_value < 0.01
+    assert not ft.ok and not r.ok and "NOT consistent" in ft.line()
+    assert r.counts()["unexplained"] == 0  # one pair at a time, still ties
+
+
+def test_a_flip_above_the_largest_calibrated_flip_gap_is_named(cal_bf16):
+    """A flip at a gap no healthy repeat ever flipped at is listed by key, whatever the count."""
+    cal = _strict(cal_bf16, 0.2)  # frequent flips, but only below 1e-4 nats
+    r = diff(*_pair("bf16", "prefix8", 8), eos=(0,), calibration=cal)  # c4 and c6 flip at 0.0625 nats in A
+    flipped = {k for k, pos in zip(r.columns["key"], r.columns["position"]) if pos >= 0}
+    gaps = dict(r.flip_test.beyond)
+    assert set(gaps) == flipped == {"c4", "c6"} and all(g == 0.0625 for g in gaps.values())
+    assert not r.ok and all(k in r.flip_test.line() for k in gaps)
+
+
+def test_uncalibrated_diff_says_so():
+    r = diff(*_pair("fp32", "code16", 8), eos=(0,))
+    assert r.flip_test is None and any(n.startswith("uncalibrated: judged on the documented default") for n in r.notes)
+
+
+def _tk(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "tracekit", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_calibrate_then_diff(tmp_path, cal_bf16):
+    files = [f for p in PROMPTS for f in _pair("bf16", p, 4)]
+    out = tmp_path / "cal.json"
+    r = _tk("calibrate", *files, "--out", out, "--eos", 0)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("calibration cal (bf16, 40 healthy pairs") and "P(flip)" in r.stdout
+    assert read_calibration(out).flip_nats == cal_bf16.flip_nats
+    ok = _tk("diff", *_pair("bf16", "study128", 8), "--calibration", out, "--eos", 0)
+    assert ok.returncode == 0 and "run-level flip test" in ok.stdout, ok.stdout + ok.stderr
+    strict = tmp_path / "strict.json"
+    write_calibration(_strict(cal_bf16, 1e-4), strict)
+    bad = _tk("diff", *_pair("bf16", "prefix8", 8), "--calibration", strict, "--eos", 0)
+    assert bad.returncode == 1 and "NOT consistent" in bad.stdout
+    odd = _tk("calibrate", files[0], "--out", out)
+    assert odd.returncode == 2 and "in pairs" in odd.stderr
+    missing = _tk("diff", *_pair("bf16", "prefix8", 8), "--calibration", tmp_path / "none.json")
+    assert missing.returncode == 3 and "tracekit calibrate" in missing.stderr and "Traceback" not in missing.stderr
+    assert math.isfinite(read_calibration(out).flip_gap_max_nats)
