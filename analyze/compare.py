@@ -169,6 +169,8 @@ def diff(
     dtype: str | None = None,
     teacher: str | os.PathLike | TraceReader | None = None,
     calibration: Calibration | str | os.PathLike | None = None,
+    reference: str | os.PathLike | TraceReader | None = None,
+    reference_select: str | dict | None = None,
     **tolerances: float | None,
 ) -> DiffResult:
     """Compare trace b with the reference a, request by request (paired by key).
@@ -182,7 +184,11 @@ def diff(
     the flip (teacher.py). calibration: this engine's measured noise (a
     tracekit.calibration record or its path; `tracekit calibrate`): the run's flips are
     tested against its P(flip | gap) (flip_rate.py) and the result fails when they are
-    more frequent, or at larger gaps, than the calibration predicts.
+    more frequent, or at larger gaps, than the calibration predicts. reference: a
+    higher-precision replay of A's tokens (the FP32 teacher-forced `full` rows, or the
+    engine's FP32 trace): each side's error against it at every position p <= t
+    (reference.py); a benign pair whose one side is systematically farther from it, or
+    whose both sides are far from it, is `unexplained`.
     """
     if thresholds is not None and tolerances:
         raise ConfigError("pass either thresholds= or tolerance keywords, not both")
@@ -218,6 +224,9 @@ def diff(
         fixed = (bool(dtype), bool(dtype))
         cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b), fixed)
         cols["rule"] = np.array([rule_text(cols, i) for i in range(len(al.keys))], dtype=object)
+        ref = None
+        if reference is not None:
+            ref = _against_reference(stack, al, cols, reference, reference_select)
         cols["teacher"] = np.full(len(al.keys), None, dtype=object)
         notes = [n for n in (side_a.note, side_b.note, _eos_note(side_a, side_b)) if n]
         notes += notes_a + more_a + notes_b + more_b
@@ -243,7 +252,9 @@ def diff(
             notes.append(test.line())
         else:
             notes.append(UNCALIBRATED)
-        return DiffResult(ra.path, rb.path, thr, ids, src, cols, tuple(notes), grids, labels, test)
+        if ref is not None:
+            notes.append(reference_line(ref))
+        return DiffResult(ra.path, rb.path, thr, ids, src, cols, tuple(notes), grids, labels, test, ref)
 
 
 UNCALIBRATED = (
@@ -251,6 +262,46 @@ UNCALIBRATED = (
     "model's healthy noise can exceed them and a batched-path bug can hide under them. Measure this engine "
     "with `tracekit calibrate` and pass --calibration"
 )
+
+
+BENIGN_REFUTABLE = ("identical", "post_eos", "bf16_tie_flip", "cache_boundary")
+
+
+def _against_reference(stack, al, cols, reference, select):
+    """Each side against the reference; benign pairs it refutes become `unexplained`."""
+    from .reference import against_reference, load_reference, reason
+
+    ref_side, source = load_reference(_open(stack, reference), _as_select(select))
+    t = np.where(cols["position"] >= 0, cols["position"], al.length).astype(np.int64)
+    ref = against_reference(al, t, cols["dtype"], ref_side, source)
+    for i in np.flatnonzero(np.isin(ref.verdict, ("B farther", "A farther", "both far"))).tolist():
+        if cols["cls"][i] in BENIGN_REFUTABLE:
+            cols["rule"][i] = f"{reason(ref, i)}; (otherwise {cols['cls'][i]}: {cols['rule'][i]})"
+            cols["cls"][i] = "unexplained"
+        elif cols["cls"][i] == "unexplained":  # more evidence for a finding already made
+            cols["rule"][i] = f"{cols['rule'][i]}; {reason(ref, i)}"
+    return ref
+
+
+def reference_line(ref) -> str:
+    """The run's summary against the reference, one line."""
+    ok = np.isfinite(ref.ratio)
+    if not ok.any():
+        return f"reference {ref.source}: no pair could be compared with it (keys or prompts differ)"
+    v = ref.verdict[ok].tolist()
+    counts = ", ".join(f"{k} {v.count(k)}" for k in ("B farther", "A farther", "both far") if v.count(k))
+    p = min(ref.run_p_b, ref.run_p_a)
+    run = {
+        "": f"run-level: consistent (Wilcoxon over {ref.run_pairs} pairs' log B/A, p = {p:.2g})",
+        "too few pairs": f"run-level: not tested ({ref.run_pairs} pairs, fewer than the test needs)",
+    }.get(ref.run_verdict, f"run-level: {ref.run_verdict.upper()} (Wilcoxon over {ref.run_pairs} pairs, p = {p:.2g})")
+    return (
+        f"reference {ref.source}: {int(ok.sum())} pairs, mean |Δlogprob| vs the reference A "
+        f"{np.median(ref.err_a[ok]):.3g} / B {np.median(ref.err_b[ok]):.3g} nats (medians of pairs), "
+        f"B/A ratio median {ref.run_median_ratio:.3g}; "
+        + (counts or "every pair consistent with the reference")
+        + f"; {run}"
+    )
 
 
 def _flip_test(al, cols, calibration):

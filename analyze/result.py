@@ -111,6 +111,7 @@ class DiffResult:
     grids: Mapping[str, Grid] = field(default_factory=dict)  # "a"/"b": the run-level grid
     labels: Mapping[str, str] = field(default_factory=dict)  # "a"/"b": what each trace is (run metadata)
     flip_test: Any = None  # flip_rate.FlipTest against --calibration; None when judged uncalibrated
+    reference: Any = None  # reference.PairReference against --reference; None without one
 
     def __len__(self) -> int:
         return len(self.columns["key"])
@@ -202,7 +203,11 @@ class DiffResult:
     @property
     def ok(self) -> bool:
         c = self.counts()
-        return not any(c[name] for name in FAILING) and (self.flip_test is None or self.flip_test.ok)
+        return (
+            not any(c[name] for name in FAILING)
+            and (self.flip_test is None or self.flip_test.ok)
+            and (self.reference is None or self.reference.ok)
+        )
 
     def thresholds_json(self) -> dict[str, Any]:
         """The tolerances in force: per dtype judged, and flat for the most common one."""
@@ -217,6 +222,19 @@ class DiffResult:
             "given": per["given"],
             "grid_floor": per["grid_floor"],
         }
+
+    def _reference_json(self) -> dict[str, Any]:
+        r = self.reference
+        names = ("n", "err_a", "err_b", "p99_a", "p99_b", "top1_a", "top1_b", "ratio", "ratio_lo", "ratio_hi")
+        pairs = {
+            str(k): {"verdict": r.verdict[i] or "consistent", **{n: _f(getattr(r, n)[i]) for n in names}}
+            | {"p_b_farther": _f(r.p_b_farther[i]), "p_a_farther": _f(r.p_a_farther[i])}
+            for i, k in enumerate(self.columns["key"].tolist())
+            if r.verdict[i] != "no reference"
+        }
+        run = {"pairs": r.run_pairs, "median_ratio": _f(r.run_median_ratio), "p_b_farther": r.run_p_b}
+        run |= {"p_a_farther": r.run_p_a, "verdict": r.run_verdict or "consistent", "ok": r.ok}
+        return {"source": r.source, "run": run, "pairs": pairs}
 
     def to_json(self, only: Sequence[str] | None = None) -> dict[str, Any]:
         s = self.counts()
@@ -235,6 +253,7 @@ class DiffResult:
             "eos_source": self.eos_source,
             "notes": list(self.notes),
             "calibration": None if self.flip_test is None else self.flip_test.to_json(),
+            "reference": None if self.reference is None else self._reference_json(),
             "only": list(only) if only else None,
             "pairs": [p.to_json() for p in self.pairs if not only or p.cls in only],
         }

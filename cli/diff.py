@@ -17,6 +17,7 @@ Examples:
   tracekit diff serial.h5 prefix_on.h5 --teacher-forced diag.h5
   tracekit diff vllm_a.h5 vllm_b.h5 --dtype bf16 --tokenizer ./model   # metadata without dtype / EOS
   tracekit diff serial.h5 burst.h5 --calibration cal-bf16.json          # the run's flips vs this engine's noise
+  tracekit diff serial.h5 burst.h5 --reference diag.h5                  # each side vs the FP32 teacher-forced replay
 """
 
 
@@ -70,8 +71,29 @@ def _tol_option(name: str, field: str, what: str):
     type=click.Path(dir_okay=False),
     help="This engine's measured noise (`tracekit calibrate`): the run's flips are tested against it.",
 )
+@click.option(
+    "--reference",
+    type=click.Path(dir_okay=False),
+    help="A higher-precision replay of A's tokens (FP32 teacher-forced, or the engine's FP32 trace): "
+    "each side's error against it at every position.",
+)
+@click.option("--reference-select", help="Rows of the reference (default for teacher-forced: history=full,dtype=fp32).")
 def cmd(
-    files, as_json, markdown, grid_floor, dtype, teacher, only, tokenizer, a_select, b_select, eos, calibration, **tol
+    files,
+    as_json,
+    markdown,
+    grid_floor,
+    dtype,
+    teacher,
+    only,
+    tokenizer,
+    a_select,
+    b_select,
+    eos,
+    calibration,
+    reference,
+    reference_select,
+    **tol,
 ) -> int:
     """Pair requests by key (FILES[0] is the reference A; every other file is
     compared with it) and classify each pair: identical, post_eos, bf16_tie_flip,
@@ -104,6 +126,8 @@ def cmd(
                     dtype=dtype,
                     teacher=teacher,
                     calibration=cal,
+                    reference=reference,
+                    reference_select=reference_select,
                 )
             )
         except TracekitError as e:

@@ -1,0 +1,239 @@
+"""Each side against a reference: how far A and B are from the truth, at every position.
+
+A benign batch or cache divergence means both sides are roundings of the same truth; a bug
+means one side is farther from it than the engine's arithmetic allows. The reference is a
+higher-precision replay of the same tokens: the teacher-forced FP32 `full` rows of the HF
+diagnostic (`capture --teacher-forced ... --history full --dtype fp32`; picked with
+`history=full,dtype=fp32` by default) or the engine's own FP32 configuration's trace.
+
+At every compared position p <= t (t: the first difference; every position of an identical
+pair) the three rows share the same prefix, so their distributions are comparable. Per side:
+
+    err(p)  = sum_j w_j |lp_side(j) - lp_ref(j)| / sum_j w_j     over the top-k ids both rows hold,
+              w_j = exp(lp_ref(j))                               (the reference's own probability)
+    top1(p) = the side's top-1 is the reference's
+
+Per pair: the mean err of each side, B/A as a ratio with a paired bootstrap 95 % interval
+over positions, and a one-sided Wilcoxon signed-rank p-value that B's errors exceed A's.
+B is *farther* when p < ALPHA, the interval's low end exceeds RATIO_MIN and the excess
+exceeds the dtype's floor; *both far* when each side's mean error exceeds the dtype's
+ceiling (a deterministic bug both runs share, e.g. a prefix-cache key collision).
+
+Over the run: two roundings of the same truth are as often closer as farther, so the pairs'
+log(B/A) are centred on 0. A one-sided Wilcoxon signed-rank test over the pairs (p < ALPHA
+with the median ratio beyond RUN_RATIO) finds a side that is systematically farther even
+when no pair alone is conclusive (a small corruption of every reused block). The numbers
+are in nats of logprob; the defaults are in docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .align import Alignment, align, load_side
+
+ALPHA = 0.01
+RATIO_MIN = 1.5
+RUN_RATIO = 1.1  # the run-level test's effect size: median B/A beyond 1.1 (or below 1/1.1)
+RUN_MIN_PAIRS = 6  # fewer pairs: no run-level verdict (said)
+BOOT = 1000
+SEED = 7
+CHUNK = 65536  # positions a vectorised step
+# mean weighted |Δ logprob| vs an FP32 reference (nats): an excess below FLOOR is never a
+# finding; a mean above CEILING is far from the truth whatever the other side does.
+FLOOR = {"bf16": 0.01, "fp16": 0.002, "fp32": 2e-5}
+CEILING = {"bf16": 0.25, "fp16": 0.05, "fp32": 0.01}
+DEFAULT_SELECT = {"history": "full", "dtype": "fp32"}
+
+
+def row_errors(ids_s, lps_s, ids_r, lps_r) -> tuple[np.ndarray, np.ndarray]:
+    """(err [M], top1 agreement [M]) of side rows against reference rows, each [M, k]."""
+    m = len(ids_s)
+    err, top1 = np.full(m, np.nan), np.zeros(m, dtype=bool)
+    for s in range(0, m, CHUNK):
+        e = slice(s, s + CHUNK)
+        a_ids, a_lp = ids_s[e], lps_s[e].astype(np.float64)
+        r_ids, r_lp = ids_r[e], lps_r[e].astype(np.float64)
+        match = (a_ids[:, :, None] == r_ids[:, None, :]) & (a_ids[:, :, None] >= 0)  # [M, k, kr]
+        has = match.any(2)
+        lr = np.take_along_axis(r_lp, match.argmax(2), 1)
+        ok = has & np.isfinite(a_lp) & np.isfinite(lr)
+        w = np.where(ok, np.exp(np.where(ok, lr, -np.inf)), 0.0)
+        d = np.where(ok, np.abs(a_lp - lr), 0.0)
+        ws = w.sum(1)
+        err[e] = np.where(ws > 0, (w * d).sum(1) / np.where(ws > 0, ws, 1), np.nan)
+        top1[e] = _argmax_id(a_ids, a_lp) == _argmax_id(r_ids, r_lp)
+    return err, top1
+
+
+def _argmax_id(ids, lps) -> np.ndarray:
+    v = np.where(np.isfinite(lps), lps, -np.inf)
+    return np.take_along_axis(ids, v.argmax(1)[:, None], 1)[:, 0]
+
+
+@dataclass(frozen=True)
+class PairReference:
+    """Per pair [P] (NaN / -1 where there is no reference row)."""
+
+    n: np.ndarray  # positions compared with the reference
+    err_a: np.ndarray  # mean weighted |Δ logprob| of A vs the reference (nats)
+    err_b: np.ndarray
+    p99_a: np.ndarray
+    p99_b: np.ndarray
+    top1_a: np.ndarray  # share of positions whose top-1 is the reference's
+    top1_b: np.ndarray
+    ratio: np.ndarray  # err_b / err_a
+    ratio_lo: np.ndarray  # paired bootstrap 95 % interval
+    ratio_hi: np.ndarray
+    p_b_farther: np.ndarray  # one-sided Wilcoxon signed-rank p-value, B's errors > A's
+    p_a_farther: np.ndarray
+    verdict: np.ndarray  # "" (consistent) | "B farther" | "A farther" | "both far" | "no reference"
+    source: str  # what the reference is
+    run_pairs: int = 0  # pairs in the run-level test
+    run_median_ratio: float = float("nan")
+    run_p_b: float = 1.0  # one-sided Wilcoxon over the pairs' log(B/A): B farther
+    run_p_a: float = 1.0
+    run_verdict: str = ""  # "" | "B farther across the run" | "A farther across the run" | "too few pairs"
+
+    @property
+    def ok(self) -> bool:
+        return self.run_verdict in ("", "too few pairs")
+
+
+def _stats(ea: np.ndarray, eb: np.ndarray, rng) -> tuple[float, float, float, float, float]:
+    """(ratio, lo, hi, p B>A, p A>B) over paired positions."""
+    from scipy.stats import wilcoxon
+
+    ma, mb = ea.mean(), eb.mean()
+    ratio = mb / ma if ma > 0 else (1.0 if mb == 0 else np.inf)
+    idx = rng.integers(0, len(ea), size=(BOOT, len(ea)))
+    ba, bb = ea[idx].mean(1), eb[idx].mean(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(ba > 0, bb / np.where(ba > 0, ba, 1), np.where(bb > 0, np.inf, 1.0))
+    lo, hi = np.percentile(r, [2.5, 97.5])
+    d = eb - ea
+    if len(d) < 2 or not np.any(d):
+        return float(ratio), float(lo), float(hi), 1.0, 1.0
+    pb = float(wilcoxon(d, alternative="greater", zero_method="zsplit").pvalue)
+    pa = float(wilcoxon(d, alternative="less", zero_method="zsplit").pvalue)
+    return float(ratio), float(lo), float(hi), pb, pa
+
+
+def against_reference(al: Alignment, t: np.ndarray, dtypes: np.ndarray, ref_side, source: str) -> PairReference:
+    """Each side of every comparable pair of `al` against the reference Side, positions p <= t."""
+    # The reference replays A's tokens: its row p is also B's reference for p <= t (same prefix).
+    ar = align(al.a, ref_side)
+    P = len(al.keys)
+    cols = {k: np.full(P, np.nan) for k in ("n", "err_a", "err_b", "p99_a", "p99_b", "top1_a", "top1_b")}
+    cols.update({k: np.full(P, np.nan) for k in ("ratio", "ratio_lo", "ratio_hi", "p_b", "p_a")})
+    verdict = np.full(P, "no reference", dtype=object)
+    ref_a = {k: i for i, k in enumerate(ar.keys.tolist()) if ar.incomparable[i] == ""}
+    rng = np.random.default_rng(SEED)
+    rd = ref_side.reader
+    r_ids, r_lps = rd.column("topk_id"), rd.column("topk_logprob")
+    a_ids, a_lps = al.a.reader.column("topk_id"), al.a.reader.column("topk_logprob")
+    b_ids, b_lps = al.b.reader.column("topk_id"), al.b.reader.column("topk_logprob")
+    for i in np.flatnonzero(al.incomparable == "").tolist():
+        key = al.keys[i]
+        ja = ref_a.get(key)
+        if ja is None:
+            continue
+        end = int(min(t[i] + 1, al.length[i], ar.length[ja]))
+        if end < 1:
+            continue
+        p = np.arange(end)
+        rr = ar.off_b[ja] + p
+        ea, ta = row_errors(a_ids[al.off_a[i] + p], a_lps[al.off_a[i] + p], r_ids[rr], r_lps[rr])
+        eb, tb = row_errors(b_ids[al.off_b[i] + p], b_lps[al.off_b[i] + p], r_ids[rr], r_lps[rr])
+        keep = np.isfinite(ea) & np.isfinite(eb)
+        ea, eb = ea[keep], eb[keep]
+        if not len(ea):
+            continue
+        cols["n"][i] = len(ea)
+        cols["err_a"][i], cols["err_b"][i] = ea.mean(), eb.mean()
+        cols["p99_a"][i], cols["p99_b"][i] = np.percentile(ea, 99), np.percentile(eb, 99)
+        cols["top1_a"][i], cols["top1_b"][i] = ta[keep].mean(), tb[keep].mean()
+        stats = _stats(ea, eb, rng)
+        for k, v in zip(("ratio", "ratio_lo", "ratio_hi", "p_b", "p_a"), stats):
+            cols[k][i] = v
+        verdict[i] = _verdict(ea.mean(), eb.mean(), stats, str(dtypes[i]))
+    run = run_test(cols["ratio"])
+    return PairReference(
+        cols["n"],
+        cols["err_a"],
+        cols["err_b"],
+        cols["p99_a"],
+        cols["p99_b"],
+        cols["top1_a"],
+        cols["top1_b"],
+        cols["ratio"],
+        cols["ratio_lo"],
+        cols["ratio_hi"],
+        cols["p_b"],
+        cols["p_a"],
+        verdict,
+        source,
+        *run,
+    )
+
+
+def run_test(ratio: np.ndarray) -> tuple[int, float, float, float, str]:
+    """(pairs, median B/A, p B farther, p A farther, verdict) over the pairs' log ratios."""
+    from scipy.stats import wilcoxon
+
+    r = ratio[np.isfinite(ratio) & (ratio > 0)]
+    if len(r) < RUN_MIN_PAIRS:
+        return len(r), float(np.median(r)) if len(r) else float("nan"), 1.0, 1.0, "too few pairs"
+    lr = np.log(r)
+    med = float(np.exp(np.median(lr)))
+    if not np.any(lr):
+        return len(r), med, 1.0, 1.0, ""
+    pb = float(wilcoxon(lr, alternative="greater", zero_method="zsplit").pvalue)
+    pa = float(wilcoxon(lr, alternative="less", zero_method="zsplit").pvalue)
+    verdict = ""
+    if pb < ALPHA and med > RUN_RATIO:
+        verdict = "B farther across the run"
+    elif pa < ALPHA and med < 1 / RUN_RATIO:
+        verdict = "A farther across the run"
+    return len(r), med, pb, pa, verdict
+
+
+def _verdict(ma: float, mb: float, stats, dtype: str) -> str:
+    ratio, lo, hi, pb, pa = stats
+    floor, ceiling = FLOOR.get(dtype, FLOOR["bf16"]), CEILING.get(dtype, CEILING["bf16"])
+    if ma > ceiling and mb > ceiling:
+        return "both far"
+    if pb < ALPHA and lo > RATIO_MIN and mb - ma > floor:
+        return "B farther"
+    if pa < ALPHA and hi < 1 / RATIO_MIN and ma - mb > floor:
+        return "A farther"
+    return ""
+
+
+def load_reference(reader, select: dict | None = None):
+    """The reference Side of a trace: teacher-forced files default to history=full,dtype=fp32."""
+    sel = dict(select or {})
+    if not sel and reader.meta.source == "teacher_forced":
+        sel = dict(DEFAULT_SELECT)
+    side = load_side(reader, sel, "reference")
+    what = "teacher-forced " + ",".join(f"{k}={v}" for k, v in sel.items()) if sel else "trace"
+    return side, f"{what} ({reader.path})"
+
+
+def reason(ref: PairReference, i: int) -> str:
+    """The rule text of a pair the reference refutes, with its numbers."""
+    v = ref.verdict[i]
+    nums = (
+        f"mean |Δlogprob| vs the reference A {ref.err_a[i]:.3g} / B {ref.err_b[i]:.3g} nats over "
+        f"{int(ref.n[i])} positions (B/A {ref.ratio[i]:.3g}, 95% CI {ref.ratio_lo[i]:.3g}-{ref.ratio_hi[i]:.3g}; "
+        f"p(B farther) {ref.p_b_farther[i]:.2g}); same top-1 as the reference "
+        f"A {ref.top1_a[i]:.0%} / B {ref.top1_b[i]:.0%}"
+    )
+    what = {
+        "B farther": "B is farther from the reference than A",
+        "A farther": "A is farther from the reference than B",
+        "both far": "both sides are far from the reference (a bug both runs share?)",
+    }[v]
+    return f"{what}: {nums}"

@@ -1,0 +1,112 @@
+"""Each side against an FP32 reference, at every position, on real traces and real engines.
+
+Why it matters: a deterministic bug in the batched or cached path moves one side's
+distribution away from the truth by a few steps, so the flip it causes looks like a tie one
+pair at a time. Measured against a higher-precision replay of the same tokens, the broken
+side is systematically farther than the healthy one; a bug both runs share (the serial
+baseline served the same wrong KV) leaves both sides far from it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.analyze import diff
+from tracekit.analyze.reference import row_errors
+from tracekit.capture.http import CaptureConfig, run_capture
+from tracekit.engine.process import start_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "traces" / "demo"
+MODEL = ROOT / "fixtures" / "models" / "tiny"
+PROMPTS = ROOT / "fixtures" / "prompts" / "cpu_small.jsonl"
+
+
+def _teacher(src: Path, out: Path) -> Path:
+    """The FP32 teacher-forced `full` replay of a trace's tokens (the reference)."""
+    cmd = [sys.executable, "-m", "tracekit", "capture", "--teacher-forced", MODEL, "--from", src]
+    cmd += ["--history", "full", "--dtype", "fp32", "--out", out]
+    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_row_errors_weight_by_the_reference_and_match_ids():
+    ids_s = np.array([[1, 2, 3], [5, 6, 7]])
+    lps_s = np.log(np.array([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]]))
+    ids_r = np.array([[2, 1, 9], [5, 6, 7]])
+    lps_r = np.log(np.array([[0.4, 0.4, 0.2], [0.6, 0.3, 0.1]]))
+    err, top1 = row_errors(ids_s, lps_s, ids_r, lps_r)
+    want = (0.4 * abs(np.log(0.5 / 0.4)) + 0.4 * abs(np.log(0.3 / 0.4))) / 0.8  # ids 1 and 2 shared, 3 not
+    assert err[0] == pytest.approx(want) and err[1] == 0.0
+    assert top1.tolist() == [False, True]  # row 0: the side picks id 1, the reference (a tie) its first, id 2
+
+
+def test_healthy_bf16_burst_is_as_close_to_the_fp32_reference_as_serial(tmp_path):
+    """The demo's BF16 tie flips: both sides are roundings of the same truth."""
+    a = DEMO / "groups" / "ref.bf16.cache-on.prefix8.out32" / "serial.h5"
+    b = DEMO / "cells" / "ref.bf16.cache-on.prefix8.out32.c8" / "burst.h5"
+    ref = _teacher(a, tmp_path / "ref.h5")
+    r = diff(a, b, eos=(0,), reference=ref)
+    c, rr = r.counts(), r.reference
+    assert r.ok and c["bf16_tie_flip"] == 2 and c["unexplained"] == 0
+    assert (rr.verdict == "").all() and (rr.n > 0).all()
+    assert np.nanmax(rr.err_a) < 0.05 and np.nanmax(rr.ratio_hi) < 1.6
+    assert "every pair consistent with the reference" in r.notes[-1]
+    doc = r.to_json()["reference"]
+    assert set(doc["pairs"]) == {f"c{i}" for i in range(8)} and doc["pairs"]["c4"]["verdict"] == "consistent"
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """A healthy BF16 engine's serial run (A), the same prompts on engines whose reused
+    prefix-cache blocks are served perturbed (perturb-kv:0.03 and :0.3; each prompt sent
+    twice, so the second pass and prompts sharing a header hit the cache), and the FP32
+    reference of A's tokens."""
+    d = tmp_path_factory.mktemp("faulty")
+    common = ["--dtype", "bf16", "--slots", "4", "--threads", "1"]
+    out = {}
+    for name, extra in (
+        ("a", []),
+        ("0.03", ["--inject-fault", "perturb-kv:0.03"]),
+        ("0.3", ["--inject-fault", "perturb-kv:0.3"]),
+    ):
+        with start_engine(common + extra) as eng:
+            cfg = CaptureConfig(eng.url, str(PROMPTS), str(d / f"{name}.h5"), ignore_eos=True, repeat=2, progress=False)
+            run_capture(cfg)
+        out[name] = d / f"{name}.h5"
+    out["ref"] = _teacher(out["a"], d / "ref.h5")
+    return out
+
+
+def test_a_small_corruption_of_every_reused_block_fails_the_run(faulty):
+    """perturb-kv:0.03: plain diff calls every pair benign (ties, identical); no pair alone is
+    conclusive, but B is farther from the FP32 truth in nearly every pair: a run-level finding."""
+    plain = diff(faulty["a"], faulty["0.03"], eos=(0,))
+    r = diff(faulty["a"], faulty["0.03"], eos=(0,), reference=faulty["ref"])
+    assert plain.ok and plain.counts()["unexplained"] == 0  # fooled without the reference
+    ref = r.reference
+    assert ref.run_verdict == "B farther across the run" and ref.run_p_b < 0.01 and ref.run_median_ratio > 1.1
+    assert not r.ok and "B FARTHER ACROSS THE RUN" in r.notes[-1]
+    assert r.to_json()["reference"]["run"]["ok"] is False
+
+
+def test_a_large_corruption_is_farther_pair_by_pair(faulty):
+    """perturb-kv:0.3: the cache-hit pairs one by one, with ratio, interval and p-value in
+    the rule; the reference only adds findings, never removes one."""
+    plain = diff(faulty["a"], faulty["0.3"], eos=(0,))
+    r = diff(faulty["a"], faulty["0.3"], eos=(0,), reference=faulty["ref"])
+    farther = np.flatnonzero(r.reference.verdict == "B farther")
+    assert len(farther) >= 4, r.notes
+    for i in farther.tolist():
+        assert r.columns["cls"][i] == "unexplained"
+        assert "B is farther from the reference than A" in r.columns["rule"][i] and "95% CI" in r.columns["rule"][i]
+        assert r.reference.ratio_lo[i] > 1.5 and r.reference.p_b_farther[i] < 0.01
+    was_benign = [i for i in farther.tolist() if plain.columns["cls"][i] != "unexplained"]
+    assert was_benign and all("(otherwise " in r.columns["rule"][i] for i in was_benign)
+    before = set(np.flatnonzero(plain.columns["cls"] == "unexplained").tolist())
+    assert before <= set(np.flatnonzero(r.columns["cls"] == "unexplained").tolist())
