@@ -22,7 +22,7 @@ from tracekit.store import TraceReader, read_token_rows
 from .align import Side, align, load_side, parse_select
 from .classify import Thresholds, classify
 from .eos_policy import ignore_eos_note
-from .grid import Grid, normalise, on_grid, resolve_dtype
+from .grid import Grid, PairGrids, normalise, pair_grids
 from .result import DiffResult, rule_text
 
 EOS_UNKNOWN = (
@@ -56,9 +56,8 @@ def eos_ids(a: Side, b: Side, extra: Iterable[int] = (), tokenizer: str | None =
         found.append(("B's run metadata (A names none)", set(b.meta.eos_token_ids)))
     if not any(ids for _, ids in found):
         for side in (a, b):
-            for k in ("tokenizer", "model_dir"):
-                d = side.meta.run.get(k)
-                if isinstance(d, str) and d and os.path.isdir(d):
+            for d in (side.meta.record.tokenizer, side.meta.record.model_dir):
+                if d and os.path.isdir(d):
                     found.append((f"model files at {d} (named by the run metadata)", set(eos_token_ids(d))))
                     break
     ids = set().union(*(s for _, s in found))
@@ -84,33 +83,12 @@ def _sampled_logits(side: Side) -> np.ndarray:
     return x[np.isfinite(x) & (x != 0)]
 
 
-def _finest_holding(x: np.ndarray) -> str:
-    return next((d for d in ("bf16", "fp16") if on_grid(x, DTYPES[d].mantissa_bits).all()), "fp32")
-
-
-def side_grid(side: Side, override: str | None, label: str) -> tuple[Grid, list[str]]:
-    """The grid a trace is judged on, and notes. Named dtypes are checked against
-    the raw logits the trace holds (a sample here; each divergence row in
-    classify): logits off the named grid refute it. With no name, the logits
-    decide; without logits either, BF16 is assumed (said)."""
-    grid, conflict = resolve_dtype(side.meta.run, override)
-    notes = [f"{label}: {conflict}"] if conflict else []
-    if override:
-        return grid, notes
-    x = _sampled_logits(side)
-    if len(x):
-        holds = _finest_holding(x)
-        if not grid.known:
-            grid = Grid(holds, f"inferred: {len(x)} sampled raw logits lie on the {holds.upper()} grid", False)
-            if holds == "fp32":
-                grid = Grid("fp32", "inferred: the raw logits are not on the BF16 or FP16 grid", False)
-        elif DTYPES[holds].mantissa_bits > grid.bits:
-            notes.append(
-                f"{label}: the run metadata says {grid.dtype} but its raw logits are not on that grid: "
-                f"judged on {holds} (pass --dtype {grid.dtype} if the logits are post-processed, e.g. soft-capped)"
-            )
-            grid = Grid(holds, f"{grid.source}, refuted by the raw logits", True)
-    return grid, notes
+def _grids(a: Side, b: Side, override: str | None) -> tuple[Grid, Grid, list[str], list[str]]:
+    """The pair's grids (grid.pair_grids: the run records, checked against a sample of the raw
+    logits each trace holds; each divergence row is checked again in classify), labelled notes."""
+    logits = (None, None) if override else (_sampled_logits(a), _sampled_logits(b))
+    g: PairGrids = pair_grids(a.meta.record, b.meta.record, override, logits)
+    return g.a, g.b, [f"A: {n}" for n in g.notes[0]], [f"B: {n}" for n in g.notes[1]]
 
 
 def side_dtypes(
@@ -138,17 +116,14 @@ def side_dtypes(
 
 def run_label(side: Side) -> str:
     """What a trace is, from its run metadata: 'vllm · bf16 · concurrency 8 · cache on · burst'."""
-    run = side.meta.run
-    eng = run.get("engine") if isinstance(run.get("engine"), dict) else {}
-    meta = (eng.get("v1_models") or {}).get("meta") if isinstance(eng.get("v1_models"), dict) else None
-    name = (meta or {}).get("engine") or run.get("dialect") or side.meta.source
-    cache = run.get("cache", {}).get("setting") if isinstance(run.get("cache"), dict) else run.get("cache")
+    rec = side.meta.record
+    cache = rec.cache.setting
     parts = [
-        str(name),
-        str(run.get("dtype") or ""),
-        f"concurrency {run['concurrency']}" if run.get("concurrency") else "",
+        str(rec.engine_name or side.meta.source),
+        str(rec.dtype.value or ""),
+        f"concurrency {rec.concurrency}" if rec.concurrency else "",
         f"cache {cache}" if cache and cache != "unknown" else "",
-        str(run.get("mode") or ""),
+        str(rec.mode or ""),
     ]
     return " · ".join(p for p in parts if p)
 
@@ -204,14 +179,7 @@ def diff(
         side_b = load_side(rb, _as_select(b_select), "b")
         ids, src = eos_ids(side_a, side_b, eos, tokenizer)
         al = align(side_a, side_b)
-        grid_a, notes_a = side_grid(side_a, dtype, "A")
-        grid_b, notes_b = side_grid(side_b, dtype, "B")
-        # A side whose dtype is only assumed takes the other side's known one: never
-        # judge a known FP32 trace on an assumed, coarser grid.
-        if not grid_a.known and grid_b.known and not grid_a.source.startswith("inferred"):
-            grid_a = Grid(grid_b.dtype, f"assumed like B ({grid_b.describe()}); A names none", False)
-        if not grid_b.known and grid_a.known and not grid_b.source.startswith("inferred"):
-            grid_b = Grid(grid_a.dtype, f"assumed like A ({grid_a.describe()}); B names none", False)
+        grid_a, grid_b, notes_a, notes_b = _grids(side_a, side_b, dtype)
         for label, g, n, side in (("A", grid_a, notes_a, side_a), ("B", grid_b, notes_b, side_b)):
             if not g.known and side.meta.source != "teacher_forced":  # teacher-forced rows name their dtype
                 n.append(

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracekit.runrecord import record_of
+
 from .evidence import GREEDY_NATS
 
 _GOES_ON = "an EOS that ranks first is emitted and generation goes on"
@@ -55,20 +57,19 @@ def family(meta) -> str | None:
     before it was recorded) the engine's self-report; None for teacher-forced traces."""
     if meta.source != "http":
         return None
-    run = meta.run
-    if run.get("engine_family"):
-        return str(run["engine_family"])
-    eng = run.get("engine") if isinstance(run.get("engine"), dict) else {}
-    owned = str((eng.get("v1_models") or {}).get("owned_by", "")).lower()
-    if owned == "llamacpp" or "props" in eng:
+    rec = record_of(meta)
+    if rec.engine_family:
+        return rec.engine_family
+    owned = rec.engine.owned_by
+    if owned == "llamacpp" or rec.engine.answered("props"):
         return "llamacpp"
-    if "info" in eng:
+    if rec.engine.answered("info"):
         return "tgi"
-    return owned if owned in POLICY else (run.get("dialect") or None)
+    return owned if owned in POLICY else rec.dialect
 
 
 def _ignored_eos(meta) -> bool:
-    asked = (meta.run.get("sampling") or {}).get("ignore_eos")
+    asked = record_of(meta).sampling_ignore_eos
     return asked is True or (isinstance(asked, list) and True in asked)
 
 

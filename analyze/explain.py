@@ -43,7 +43,7 @@ import numpy as np
 from tracekit.store import TraceReader
 
 from .explain_runs import Scorer, VariantCount, read_teacher, read_variants
-from .grid import resolve_dtype
+from .grid import pair_grids
 
 BENIGN = ("bf16_tie_flip", "cache_boundary", "post_eos")
 OK_KINDS = ("nondeterminism", "prefix_reuse", "batch_composition", "cache_history")
@@ -269,7 +269,7 @@ def explain(
 ) -> ExplainResult:
     """Score the variant traces (and the teacher-forced trace) of `pairs` and name each cause."""
     with TraceReader(a) as ra, TraceReader(b) as rb:
-        b_dtype = resolve_dtype(rb.meta.run)[0].dtype
+        b_dtype = pair_grids(rb.meta.record).a.dtype  # B alone: its own grid
         rows = ra.requests.index_by_key()
         scorers = {}
         for p in pairs:

@@ -105,11 +105,11 @@ def read_variants(paths: list[str], scorers: dict[str, Scorer]) -> list[str]:
     notes = []
     for path in paths:
         with TraceReader(path) as r:
-            ex = r.meta.run.get("explain") or {}
+            ex = r.meta.record.explain
             flush = ex.get("cache_flush") or {}
             if flush and not flush.get("available"):
                 notes.append(
-                    f"{ex.get('config', '?')} ({r.meta.run.get('target')}): cold variant unavailable: "
+                    f"{ex.get('config', '?')} ({r.meta.record.target}): cold variant unavailable: "
                     f"{flush.get('reason', '')}"
                 )
             t = r.requests

@@ -13,64 +13,28 @@ between the two values", not a magnitude formula:
   whose top logits are ~16 is 0.125 BF16 steps, not 256);
 - FP32 runs are judged on the FP32 grid (2^16 times finer than BF16).
 
-The dtype of a trace comes from its run metadata (docs/analysis.md lists the
-keys, in order); when none names one, `resolve_dtype` says so and which grid it
-assumed. Pure numpy; vectorised over rows.
+The dtype of a trace comes from its run record (tracekit.runrecord:
+`RunRecord.dtype_claims`, in order; spellings through tracekit.dtypes.ALIASES);
+`pair_grids` is the one place that decides the grids a pair (or one trace) is
+judged on; when nothing names one, it says so and which grid it assumed. Pure
+numpy; vectorised over rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from tracekit.dtypes import DTYPES
+from tracekit.dtypes import DTYPES, normalise
+from tracekit.errors import ConfigError
+from tracekit.runrecord import LABEL_CLAIM, RunRecord
 
-# Names engines and tools use for the three formats, normalised to tracekit's.
-ALIASES = {
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "f16": "fp16",
-    "fp32": "fp32",
-    "float32": "fp32",
-    "float": "fp32",
-    "f32": "fp32",
-}
+__all__ = ["Grid", "PairGrids", "normalise", "pair_grids", "resolve_dtype", "steps", "on_grid"]
+
 ASSUMED = "bf16"  # the grid used when nothing names one (said in every output)
 FLOOR_ABS = 1.0  # the grid is never finer than at |x| = 1.0 (see module docstring)
-
-# Where a run's dtype is read, best first: the engine's self-report of its logits'
-# dtype, its model dtype (tracekit serve's /v1/models meta; TGI /info; SGLang
-# server info), then the capture's label (--run-meta dtype=..., the matrix cell).
-DTYPE_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("engine self-report (logits_dtype)", ("engine", "v1_models", "meta", "logits_dtype")),
-    ("engine self-report (dtype)", ("engine", "v1_models", "meta", "dtype")),
-    ("engine self-report (TGI model_dtype)", ("engine", "info", "model_dtype")),
-    ("engine self-report (SGLang dtype)", ("engine", "server_info", "dtype")),
-    ("engine self-report (SGLang dtype)", ("engine", "model_info", "dtype")),
-    ("capture label (run dtype)", ("dtype",)),
-)
-
-
-def normalise(name: Any) -> str | None:
-    """'torch.bfloat16' / 'BF16' / 'bfloat16' -> 'bf16'; None for anything else ('auto', '')."""
-    if not isinstance(name, str):
-        return None
-    s = name.strip().lower().removeprefix("torch.")
-    return ALIASES.get(s)
-
-
-def _dig(run: Mapping, path: tuple[str, ...]) -> Any:
-    x: Any = run
-    for k in path:
-        if not isinstance(x, Mapping):
-            return None
-        x = x.get(k)
-    return x
 
 
 @dataclass(frozen=True)
@@ -89,29 +53,96 @@ class Grid:
         return f"{self.dtype} ({self.source})"
 
 
-def resolve_dtype(run: Mapping, override: str | None = None) -> tuple[Grid, str | None]:
-    """(grid, conflict note or None) for one trace's run metadata. `override`
-    (diff --dtype) wins; otherwise the first key of DTYPE_KEYS that names a dtype."""
+def _record(run: RunRecord | Mapping) -> RunRecord:
+    return run if isinstance(run, RunRecord) else RunRecord.from_json(run)
+
+
+def resolve_dtype(run: RunRecord | Mapping, override: str | None = None) -> tuple[Grid, str | None]:
+    """(grid, conflict note or None) for one trace's run record. `override`
+    (diff --dtype) wins; otherwise the first of the record's dtype claims
+    (RunRecord.dtype_claims: the engine's self-report, then the capture's label)."""
     if override:
         d = normalise(override)
         if d is None:
-            from tracekit.errors import ConfigError
-
             raise ConfigError(f"--dtype {override!r}: expected one of {', '.join(DTYPES)}")
         return Grid(d, "--dtype", True), None
-    found = [(src, normalise(_dig(run, path))) for src, path in DTYPE_KEYS]
-    found = [(s, d) for s, d in found if d]
+    rec = _record(run)
+    found = rec.dtype_claims()
     if not found:
         return Grid(ASSUMED, "assumed: the run metadata names no dtype; pass --dtype to set it", False), None
     named = sorted({d for _, d in found}, key=lambda d: DTYPES[d].mantissa_bits)
     d = named[-1]  # names that disagree: the finest grid (the strictest judge) until one is proven
     src = next(s for s, dd in found if dd == d)
-    if src.startswith("capture label") and isinstance(run.get("dtype_source"), str):
-        src = f"run metadata dtype ({run['dtype_source']})"
+    if src == LABEL_CLAIM and rec.dtype.source:
+        src = f"run metadata dtype ({rec.dtype.source})"
     if len(named) == 1:
         return Grid(d, src, True), None
     said = "; ".join(f"{s} says {dd}" for s, dd in found)
     return Grid(d, src, True), f"the run metadata names several dtypes ({said}): judged on the finest, {d}"
+
+
+def finest_holding(x: np.ndarray) -> str:
+    """The coarsest of BF16, FP16 whose grid holds every value of x, else fp32."""
+    return next((d for d in ("bf16", "fp16") if on_grid(x, DTYPES[d].mantissa_bits).all()), "fp32")
+
+
+def _checked(grid: Grid, x: np.ndarray | None) -> tuple[Grid, list[str]]:
+    """A named grid checked against raw logits the trace holds (x: a sample): logits off the named
+    grid refute it; with no name the logits decide."""
+    if x is None or not len(x):
+        return grid, []
+    holds = finest_holding(x)
+    if not grid.known:
+        if holds == "fp32":
+            return Grid("fp32", "inferred: the raw logits are not on the BF16 or FP16 grid", False), []
+        return Grid(holds, f"inferred: {len(x)} sampled raw logits lie on the {holds.upper()} grid", False), []
+    if DTYPES[holds].mantissa_bits > grid.bits:
+        note = (
+            f"the run metadata says {grid.dtype} but its raw logits are not on that grid: judged on {holds} "
+            f"(pass --dtype {grid.dtype} if the logits are post-processed, e.g. soft-capped)"
+        )
+        return Grid(holds, f"{grid.source}, refuted by the raw logits", True), [note]
+    return grid, []
+
+
+@dataclass(frozen=True)
+class PairGrids:
+    """The grids a pair of traces is judged on (b None: one trace alone), with notes per side
+    (unlabelled: the conflict of the run record's names first, then the logits' refutation)."""
+
+    a: Grid
+    b: Grid | None
+    notes: tuple[tuple[str, ...], tuple[str, ...]]
+
+
+def _one(run: RunRecord | Mapping, override: str | None, x: np.ndarray | None) -> tuple[Grid, list[str]]:
+    grid, conflict = resolve_dtype(run, override)
+    notes = [conflict] if conflict else []
+    if override:
+        return grid, notes
+    grid, more = _checked(grid, x)
+    return grid, notes + more
+
+
+def pair_grids(
+    a: RunRecord | Mapping,
+    b: RunRecord | Mapping | None = None,
+    override: str | None = None,
+    logits: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+) -> PairGrids:
+    """The one decision of which grid each side is judged on: --dtype wins; else each run record's
+    dtype claims, checked against the side's sampled raw `logits` (when given); a side whose
+    dtype is only assumed (not inferred) takes the other side's known one: never judge a known
+    FP32 trace on an assumed, coarser grid."""
+    ga, na = _one(a, override, logits[0])
+    if b is None:
+        return PairGrids(ga, None, (tuple(na), ()))
+    gb, nb = _one(b, override, logits[1])
+    if not ga.known and gb.known and not ga.source.startswith("inferred"):
+        ga = Grid(gb.dtype, f"assumed like B ({gb.describe()}); A names none", False)
+    if not gb.known and ga.known and not gb.source.startswith("inferred"):
+        gb = Grid(ga.dtype, f"assumed like A ({ga.describe()}); B names none", False)
+    return PairGrids(ga, gb, (tuple(na), tuple(nb)))
 
 
 def spacing(x: np.ndarray, bits: int | np.ndarray) -> np.ndarray:

@@ -105,15 +105,15 @@ def burst_facts(path: Path) -> tuple[dict, dict]:
     reported cached tokens, and reused > 0), the engine's counters around the capture and the
     pitfalls it warned of (run metadata)."""
     with TraceReader(path) as r:
-        t, run = r.requests, r.meta.run
+        t, rec = r.requests, r.meta.record
     ok = t.status == "ok"
     ct = t.cached_tokens[ok]
     facts = {
         "requests": int(ok.sum()),
         "cached_reported": int((ct >= 0).sum()),
         "reused": int((ct > 0).sum()),
-        "counters": run.get("prefix_cache_counters"),
-        "pitfalls": list(run.get("pitfalls") or ()),
+        "counters": rec.prefix_cache_counters,
+        "pitfalls": list(rec.pitfalls),
     }
     if not ok.any():
         return {}, facts

@@ -19,7 +19,7 @@ from tracekit.schema import TokenColumns
 from tracekit.store import TraceReader
 
 from .align import parse_select, top1
-from .grid import normalise, resolve_dtype, steps
+from .grid import normalise, pair_grids, steps
 
 
 def _row_of(r: TraceReader, key: str, select: str | None) -> int:
@@ -118,7 +118,7 @@ def drill(
 
 def _side(r: TraceReader, i: int, tok: TokenColumns, t0: int, topk: int, decode) -> dict[str, Any]:
     rec = r.record(i)
-    grid, _ = resolve_dtype(r.meta.run)
+    grid = pair_grids(r.meta.record).a  # each side on its own grid, as recorded (no logit sample)
     dtype = normalise(rec.dtype) or grid.dtype
     source = "the row's dtype" if normalise(rec.dtype) else grid.source
     return {

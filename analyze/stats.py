@@ -34,7 +34,7 @@ import numpy as np
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader
 
-from .grid import resolve_dtype, steps
+from .grid import pair_grids, steps
 
 REFERENCES = ("mode", "r0")
 REPEAT_RE = re.compile(r"^(?P<prompt>.+)#r(?P<rep>\d+)$")
@@ -203,9 +203,9 @@ def _read(paths: list[str]) -> tuple[dict[str, _Group], int, list[str], bool]:
     for path in paths:
         with TraceReader(path) as r:
             t = r.requests
-            grid, conflict = resolve_dtype(r.meta.run)
-            if conflict:
-                notes.append(f"{path}: {conflict}")
+            g = pair_grids(r.meta.record)  # one trace alone: its own grid
+            grid = g.a
+            notes.extend(f"{path}: {n}" for n in g.notes[0])
             if not grid.known:
                 notes.append(f"{path}: {grid.describe()}")
             nats, stp = _top2_gaps(r, grid.bits)
@@ -301,7 +301,7 @@ def reproducibility(paths: list[str | Path], reference: str = "mode") -> StatsRe
     }
     prompts = tuple(_prompt_stats(p, g, reference, curves, have_steps) for p, g in groups.items())
     with TraceReader(paths[0]) as r:
-        grid, _ = resolve_dtype(r.meta.run)
+        grid = pair_grids(r.meta.record).a
     return StatsResult(
         paths=tuple(paths),
         reference=reference,

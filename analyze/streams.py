@@ -129,15 +129,14 @@ def _generation(d: Mapping) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def parse_params(text: str, run: Mapping) -> Asked:
+def parse_params(text: str, run_s: Mapping) -> Asked:
     """One request's body (as capture stored it) -> Asked; the run's `sampling`
-    block fills what the body does not say (and stands in when no body was recorded)."""
+    (RunRecord.sampling) fills what the body does not say (and stands in when no body was recorded)."""
     try:
         d = json.loads(text) if text else {}
     except json.JSONDecodeError:
         d = {}
     d = d if isinstance(d, dict) else {}
-    run_s = run.get("sampling") if isinstance(run.get("sampling"), Mapping) else {}
     mt = _num(_first(d, "max_tokens", "max_completion_tokens", "max_new_tokens", "n_predict"))
     if math.isnan(mt):
         mt = _num(run_s.get("max_tokens"))
@@ -166,7 +165,7 @@ def asked(side, rows: np.ndarray) -> list[Asked]:
             continue
         text = params[r]
         if text not in cache:
-            cache[text] = parse_params(text, side.meta.run)
+            cache[text] = parse_params(text, side.meta.record.sampling)
         out.append(cache[text])
     return out
 

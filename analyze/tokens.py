@@ -4,13 +4,14 @@ keep analysis light) from --tokenizer DIR or the run metadata's `tokenizer`."""
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping
+from typing import Callable
 
 from tracekit.errors import ConfigError
+from tracekit.runrecord import RunRecord
 
 
 def load_decoder(
-    tokenizer_dir: str | None, run: Mapping | None = None, required: bool = False
+    tokenizer_dir: str | None, run: RunRecord | None = None, required: bool = False
 ) -> Callable[[int], str] | None:
     """A function id -> text, or None when no tokenizer is known (and not required)."""
     if tokenizer_dir:
@@ -23,12 +24,8 @@ def load_decoder(
     else:
         # The run's tokenizer, else its model directory when it holds tokenizer.json
         # (teacher-forced traces name the model). A path from another machine: ids only.
-        run = run or {}
-        guesses = [
-            os.path.join(run[k], "tokenizer.json")
-            for k in ("tokenizer", "model_dir", "model")
-            if isinstance(run.get(k), str) and run[k]
-        ]
+        rec = run or RunRecord()
+        guesses = [os.path.join(d, "tokenizer.json") for d in (rec.tokenizer, rec.model_dir, rec.model) if d]
         path = next((g for g in guesses if os.path.isfile(g)), None)
         if path is None:
             if required:

@@ -11,7 +11,8 @@
   capture stores as raw top-k logits (`topk_logit`), never as logprobs;
 - the effective sampling of the planned requests (command line over prompt file);
 - the parts of a configuration a resumed run must share with the trace it completes;
-- `build`: the whole run metadata a capture starts with.
+- `build`: the whole run metadata a capture starts with, built as a RunRecord
+  (tracekit/runrecord.py) and stored as its JSON.
 
 No network I/O except the probes in `engine_numerics`; `build` reads the prompt file's hash and
 the tokenizer directory's EOS ids.
@@ -27,31 +28,16 @@ from tracekit.errors import ConfigError
 from tracekit.files import sha256_file
 from tracekit.modelinfo import eos_token_ids
 from tracekit.runinfo import base_run
+from tracekit.runrecord import CacheFacts, DTypeLabel, EngineReport, RunRecord
 
 from .dialects import RequestSpec
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 LOGIT_MODES = ("raw_logits", "processed_logits")
 
-# Engine spellings of a dtype -> tracekit's name ("auto" and the like are not a dtype).
-_DTYPE_NAMES = {
-    "float32": "fp32",
-    "float": "fp32",
-    "fp32": "fp32",
-    "bfloat16": "bf16",
-    "bf16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "fp16": "fp16",
-}
-
-
-def dtype_name(value: Any) -> str | None:
-    """'torch.bfloat16', 'bfloat16', 'BF16', ... -> 'bf16'; None for anything else ('auto')."""
-    if not isinstance(value, str):
-        return None
-    v = value.strip().lower().removeprefix("torch.")
-    return _DTYPE_NAMES.get(v)
+# Engine spellings of a dtype -> tracekit's name: the one alias table (tracekit/dtypes.py ALIASES);
+# None for anything else ("auto" and the like are not a dtype).
+dtype_name = dtypes.normalise
 
 
 async def engine_numerics(session, base: str, dialect: str, engine: dict) -> dict:
@@ -207,25 +193,12 @@ def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None,
     tok_dir = cfg.tokenizer or (pr.tokenizer if pr.tokenizer and Path(pr.tokenizer).is_dir() else None)
     eos = pr.eos_token_ids or (list(eos_token_ids(tok_dir)) if tok_dir else [])
     dtype, dtype_source = resolve_dtype(cfg.dtype, cfg.run_meta.get("dtype"), numerics)
-    mode, mode_source = resolve_logprobs_mode(cfg.logprobs_mode, numerics)
+    lp_mode, mode_source = resolve_logprobs_mode(cfg.logprobs_mode, numerics)
     ids_from, unmapped = _token_ids_note(pr.dialect, cfg.tokenizer)
     labels = {k: v for k, v in cfg.run_meta.items() if k not in ("cache", "dtype")}
-    return base_run(
-        target=cfg.url,
-        dialect=pr.dialect,
+    mode = labels.pop("mode", None)
+    rest = base_run(
         dialect_reason=pr.reason,
-        engine=pr.engine,
-        engine_family=pr.engine_kind or None,  # vllm, sglang, tgi, llamacpp, tracekit, ...: what `diff` compares
-        model=cfg.model or pr.model,
-        tokenizer=cfg.tokenizer or pr.tokenizer or None,
-        eos_token_ids=eos,
-        dtype=dtype,
-        dtype_source=dtype_source,
-        logprobs_mode=mode,
-        logprobs_mode_source=mode_source,
-        concurrency=cfg.concurrency,
-        sampling=sampling(specs, cfg.stream),
-        cache={"reported_by": CACHE_FIELD.get(pr.dialect, "unknown"), "setting": cfg.run_meta.get("cache", "unknown")},
         token_ids=ids_from,
         token_ids_unmapped=unmapped,
         arrival=cfg.arrival if rate is None else {"poisson_rate_per_s": rate, "seed": cfg.seed},
@@ -234,3 +207,20 @@ def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None,
         prompts={"path": cfg.prompts, "sha256": sha256_file(cfg.prompts), "n": n_prompts},
         **labels,
     )
+    return RunRecord(
+        target=cfg.url,
+        dialect=pr.dialect,
+        engine=EngineReport(pr.engine or {}),
+        engine_family=pr.engine_kind or None,  # vllm, sglang, tgi, llamacpp, tracekit, ...: what `diff` compares
+        model=cfg.model or pr.model,
+        tokenizer=cfg.tokenizer or pr.tokenizer or None,
+        eos_token_ids=tuple(eos),
+        dtype=DTypeLabel(dtype, dtype_source),
+        logprobs_mode=lp_mode,
+        logprobs_mode_source=mode_source,
+        concurrency=cfg.concurrency,
+        sampling=sampling(specs, cfg.stream),
+        cache=CacheFacts(cfg.run_meta.get("cache", "unknown"), CACHE_FIELD.get(pr.dialect, "unknown")),
+        mode=mode,
+        extra={k: v for k, v in rest.items() if k != "run_version"},
+    ).to_json()

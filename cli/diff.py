@@ -156,4 +156,4 @@ def _decoder(path: str, tokenizer: str | None):
     from tracekit.store import TraceReader
 
     with TraceReader(path) as r:
-        return load_decoder(tokenizer, r.meta.run)
+        return load_decoder(tokenizer, r.meta.record)

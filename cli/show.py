@@ -36,6 +36,6 @@ def cmd(a, b, key, position, context, topk, tokenizer, a_select, b_select, as_js
     from tracekit.store import TraceReader
 
     with TraceReader(a) as r:
-        decode = load_decoder(tokenizer, r.meta.run)
+        decode = load_decoder(tokenizer, r.meta.record)
     d = drill(a, b, key, position, context, topk, decode, a_select, b_select)
     click.echo(json.dumps(d, indent=1) if as_json else render(d))

@@ -1,7 +1,10 @@
 """The floating-point formats tracekit names: one table for every part.
 
 A dtype is named `fp32`, `bf16` or `fp16` everywhere (CLI options, run
-metadata, matrix files, trace rows). This module knows their torch names and
+metadata, matrix files, trace rows). `ALIASES` is the one table of the other
+spellings engines and tools use (torch, HF configs, vLLM/SGLang/TGI reports,
+llama.cpp's ftype names); `normalise` and `get` read it, and so does every part
+of tracekit that meets a dtype spelled by someone else. This module knows their torch names and
 their grids (significand bits, exponent range), which the classifier uses to
 count steps between two values; it never imports torch itself.
 """
@@ -29,10 +32,27 @@ DTYPES: dict[str, DType] = {
 }
 NAMES = tuple(DTYPES)
 
+# Every spelling of the three formats -> tracekit's name. Matched after strip(), lower() and
+# removing a "torch." prefix; "auto" and the like are not a dtype (normalise gives None).
+ALIASES: dict[str, str] = {
+    **{s: "fp32" for s in ("fp32", "float32", "f32", "float", "all f32")},
+    **{s: "bf16" for s in ("bf16", "bfloat16", "mostly bf16")},
+    **{s: "fp16" for s in ("fp16", "float16", "f16", "half", "mostly f16")},
+}
+
+
+def normalise(value: object) -> str | None:
+    """'torch.bfloat16', 'BF16', 'bfloat16', llama.cpp's 'all F32' ... -> 'bf16' / 'fp32'; None for
+    anything else ('auto', '', a non-string)."""
+    if not isinstance(value, str):
+        return None
+    return ALIASES.get(value.strip().lower().removeprefix("torch."))
+
 
 def get(name: str, where: str = "dtype") -> DType:
-    """The DType called `name`; anything else is a ConfigError listing the choices."""
-    d = DTYPES.get(str(name).strip().lower())
+    """The DType called `name` (any spelling of ALIASES); anything else is a ConfigError listing
+    the choices."""
+    d = DTYPES.get(normalise(name) or "")
     if d is None:
         raise ConfigError(f"{where} {name!r}: expected one of {', '.join(NAMES)}")
     return d

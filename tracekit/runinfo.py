@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .runrecord import RUN_VERSION, VERSION_KEY
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,7 @@ def command_line(argv: list[str] | None = None) -> str:
 def base_run(**fields) -> dict:
     """The common part of every trace's `run` JSON; callers add their own fields."""
     return {
+        VERSION_KEY: RUN_VERSION,
         "tool": f"tracekit {__version__}",
         "git_commit": git_commit(),
         "host": host_info(),

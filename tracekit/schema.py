@@ -12,9 +12,12 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 import numpy as np
+
+from .runrecord import RunRecord
 
 FORMAT = "tracekit.trace"
 FORMAT_VERSION = 1
@@ -64,7 +67,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class RunMeta:
-    """Root attributes of a trace. `run` is JSON: everything needed to reproduce it."""
+    """Root attributes of a trace. `run` is JSON: everything needed to reproduce it; read it
+    through `record` (tracekit/runrecord.py), never by key paths."""
 
     source: str
     run: Mapping[str, Any]
@@ -79,9 +83,14 @@ class RunMeta:
         # Canonicalise and redact once, so no code path can store a secret.
         object.__setattr__(self, "run", json.loads(json.dumps(redact(dict(self.run)), default=str)))
 
+    @cached_property
+    def record(self) -> RunRecord:
+        """`run` as the typed, versioned run record (validated and upgraded once)."""
+        return RunRecord.from_json(self.run)
+
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(int(t) for t in self.run.get("eos_token_ids") or ())
+        return self.record.eos_token_ids
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def plan_targets(a_path: str, b_path: str, pairs: list[dict]) -> list[Target]:
     """Targets of `pairs` ({key, position, token_a, token_b}, as `tracekit diff --json` writes them)."""
     out = []
     with TraceReader(a_path) as ra, TraceReader(b_path) as rb:
-        ignore_eos = bool((rb.meta.run.get("sampling") or {}).get("ignore_eos", False))
+        ignore_eos = bool(rb.meta.record.sampling.get("ignore_eos", False))
         for p in pairs:
             key, t = p["key"], int(p["position"])
             ia, ib = _row(ra, key), _row(rb, key)

@@ -63,7 +63,7 @@ def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode:
     except TracekitError as e:
         return None, str(e), planned, None
     with TraceReader(out) as r:
-        return r.requests, "", planned, r.meta.run.get("prefix_cache_counters")
+        return r.requests, "", planned, r.meta.record.prefix_cache_counters
 
 
 def _specs(m: Matrix, cell: Cell):

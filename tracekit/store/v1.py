@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 
 from ..errors import TraceFormatError
+from ..runrecord import RunRecord
 from ..schema import SOURCES, Layout, RequestTable, RunMeta
 from .columns import ENUMS, FIXED, PROMPT_DTYPE, RAGGED, TOKEN_1D, TOKEN_TOPK
 
@@ -73,6 +74,7 @@ def read_meta(a: dict, path: str, version: int) -> RunMeta:
         raise _bad(path, " attribute 'run'", f"not JSON ({e})") from None
     if not isinstance(run, dict):
         raise _bad(path, " attribute 'run'", "not a JSON object")
+    RunRecord.from_json(run, f"{path}: attribute 'run'")  # validates (a bad field names itself)
     topk, raw, vocab = (int_attr(a, n, path) for n in ("topk", "raw_logits", "vocab_size"))
     if topk < 0 or vocab < 0 or raw not in (0, 1):
         raise _bad(path, " attributes", f"topk={topk}, raw_logits={raw}, vocab_size={vocab} out of range")
