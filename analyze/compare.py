@@ -23,6 +23,7 @@ from .align import Side, align, load_side, parse_select
 from .classify import Thresholds, classify
 from .eos_policy import ignore_eos_note
 from .grid import Grid, PairGrids, normalise, pair_grids
+from .reported import reported_checks
 from .result import DiffResult, rule_text
 
 EOS_UNKNOWN = (
@@ -192,6 +193,7 @@ def diff(
         fixed = (bool(dtype), bool(dtype))
         cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b), fixed)
         cols["rule"] = np.array([rule_text(cols, i) for i in range(len(al.keys))], dtype=object)
+        _refute(cols, reported_checks(al), "reported")
         ref = None
         if reference is not None:
             ref = _against_reference(stack, al, cols, reference, reference_select)
@@ -235,6 +237,18 @@ UNCALIBRATED = (
 BENIGN_REFUTABLE = ("identical", "post_eos", "bf16_tie_flip", "cache_boundary")
 
 
+def _refute(cols, reasons: np.ndarray, what: str) -> None:
+    """Pairs with a reason: a benign class becomes `unexplained` (its rule kept after the
+    reason); an `unexplained` one gets the reason added. Incomparable pairs stay as they are."""
+    cols[f"refuted_{what}"] = reasons
+    for i in np.flatnonzero(reasons != "").tolist():
+        if cols["cls"][i] in BENIGN_REFUTABLE:
+            cols["rule"][i] = f"{reasons[i]}; (otherwise {cols['cls'][i]}: {cols['rule'][i]})"
+            cols["cls"][i] = "unexplained"
+        elif cols["cls"][i] == "unexplained":
+            cols["rule"][i] = f"{cols['rule'][i]}; {reasons[i]}"
+
+
 def _against_reference(stack, al, cols, reference, select):
     """Each side against the reference; benign pairs it refutes become `unexplained`."""
     from .reference import against_reference, load_reference, reason
@@ -242,12 +256,8 @@ def _against_reference(stack, al, cols, reference, select):
     ref_side, source = load_reference(_open(stack, reference), _as_select(select))
     t = np.where(cols["position"] >= 0, cols["position"], al.length).astype(np.int64)
     ref = against_reference(al, t, cols["dtype"], ref_side, source)
-    for i in np.flatnonzero(np.isin(ref.verdict, ("B farther", "A farther", "both far"))).tolist():
-        if cols["cls"][i] in BENIGN_REFUTABLE:
-            cols["rule"][i] = f"{reason(ref, i)}; (otherwise {cols['cls'][i]}: {cols['rule'][i]})"
-            cols["cls"][i] = "unexplained"
-        elif cols["cls"][i] == "unexplained":  # more evidence for a finding already made
-            cols["rule"][i] = f"{cols['rule'][i]}; {reason(ref, i)}"
+    refuted = np.isin(ref.verdict, ("B farther", "A farther", "both far"))
+    _refute(cols, np.array([reason(ref, i) if r else "" for i, r in enumerate(refuted)], dtype=object), "reference")
     return ref
 
 

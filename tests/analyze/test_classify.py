@@ -193,8 +193,9 @@ def test_cache_boundary_with_logprobs_only(tmp_path):
 
 
 def test_tie_wins_over_cache_boundary(tmp_path):
-    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.7, -0.75)})
-    rb = Req("k", with_flip(BASE, 2, 99), cached=0, rows={2: flip(99, 7, -0.7, -0.75)})
+    long = tuple(range(11, 43))  # 32 prompt tokens: a 16-token reused prefix is a real boundary
+    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.7, -0.75)}, prompt=long)
+    rb = Req("k", with_flip(BASE, 2, 99), cached=0, rows={2: flip(99, 7, -0.7, -0.75)}, prompt=long)
     assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
 
 

@@ -104,7 +104,8 @@ def flip_numbers(draw, dtype: str, with_logits: bool, tol, kind: str):
 def drift_noise(draw, n: int, tol):
     """n chosen logprobs of A and of B over the prefix: one spike up to the max
     tolerance, the rest within the mean tolerance (10% margin for float32 rounding)."""
-    base = [-draw(st.floats(0.001, 0.5)) for _ in range(n)]
+    # below -drift_nats, so that A's and B's logprobs stay <= 0 (a sane engine's report) whatever the noise
+    base = [-draw(st.floats(tol.drift_nats + 0.001, tol.drift_nats + 0.5)) for _ in range(n)]
     if not n:
         return [], []
     spike = draw(st.integers(0, n - 1))

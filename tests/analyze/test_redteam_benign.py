@@ -51,10 +51,6 @@ def benign_cases() -> dict[str, Case]:
         c[f"seed_at_position_0_{name}"] = Case(
             R(flipped(0, X), rows={0: ra}), R(flipped(0, Y), rows={0: rb}), {"raw": raw}, expect="bf16_tie_flip"
         )
-        # Top-k rows in ascending order (an engine that does not sort them).
-        c[f"seed_rows_unsorted_{name}"] = Case(
-            R(BASE, rows={T: ra[::-1]}), R(flipped(T, Y), rows={T: rb[::-1]}), {"raw": raw}, expect="bf16_tie_flip"
-        )
         # The seed flip on a run whose metadata names no dtype (assumed / inferred BF16).
         c[f"seed_unlabelled_run_{name}"] = Case(
             R(BASE, rows={T: ra}), R(flipped(T, Y), rows={T: rb}), {"raw": raw, "run": {}}, expect="bf16_tie_flip"

@@ -96,6 +96,47 @@ def cases() -> dict[str, Case]:
         words=("prompt",),
     )
 
+    # -- what the engine reported, checked on every row (analyze/reported.py) ------------------
+    # cached_tokens 17 where the engine says its KV blocks hold 16 tokens: no block boundary,
+    # so no reuse the engine could have done; the tie at T must not hide the misreport.
+    block16 = {"dtype": "bf16", "engine": {"v1_models": {"meta": {"block_size": 16}}}}
+    tie_ra, tie_rb = tie_rows(raw=True)
+    c["cached_tokens_not_a_block_multiple"] = Case(
+        R(BASE, rows={T: tie_ra}, cached=16, prompt=tuple(range(11, 51))),
+        R(flipped(T, Y), rows={T: tie_rb}, cached=17, prompt=tuple(range(11, 51))),
+        opts={"raw": True, "run": block16},
+        words=("not a multiple of its KV block size",),
+        nums=(17, 16),
+    )
+    # B's top-k row before the flip listed in ascending order (a stale or misordered row
+    # from a broken response builder); its chosen token still agrees with the row.
+    c["topk_row_out_of_order"] = Case(
+        R(BASE, rows={T: tie_a}),
+        R(flipped(T, Y), rows={T: tie_b, 1: list(reversed(default_row(BASE[1])))}),
+        words=("not sorted",),
+    )
+    # The seed flip with both top-k rows in ascending order: an engine that does not sort
+    # its rows (or a response builder that reversed them) was once accepted as benign; the
+    # order is part of what the engine reports, and a misordered row is not trusted.
+    for raw, name in ((True, "raw_logits"), (False, "logprobs_only")):
+        ra_, rb_ = tie_rows(raw=raw)
+        c[f"seed_rows_unsorted_{name}"] = Case(
+            R(BASE, rows={T: ra_[::-1]}), R(flipped(T, Y), rows={T: rb_[::-1]}), {"raw": raw}, words=("not sorted",)
+        )
+    # A logprob above 0 (a probability above 1) in B's row before the flip.
+    c["logprob_above_zero"] = Case(
+        R(BASE, rows={T: tie_a}),
+        R(flipped(T, Y), rows={T: tie_b, 1: [(BASE[1], 0.25), (50, -3.0), (51, -4.0)]}),
+        words=("above 0",),
+        nums=(0.25,),
+    )
+    # B's top-k probabilities before the flip sum to 2.46 (each entry plausible alone).
+    c["topk_mass_above_one"] = Case(
+        R(BASE, rows={T: tie_a}),
+        R(flipped(T, Y), rows={T: tie_b, 1: [(BASE[1], -0.1), (50, -0.2), (51, -0.3)]}),
+        words=("sum to",),
+        nums=(2.465,),
+    )
     return c
 
 
@@ -112,6 +153,12 @@ FIXED = {
     "compared with the other side's",
     "repeated_key_hides_first_answer": "identical (a note); the first of two ok answers to one key is dropped",
     "empty_prompt_ids_hide_hash": "bf16_tie_flip; empty prompt ids on both sides count as equal prompts",
+    "cached_tokens_not_a_block_multiple": "bf16_tie_flip; cached_tokens never checked against the engine's block size",
+    "topk_row_out_of_order": "bf16_tie_flip; top-k rows before the difference were never read",
+    "seed_rows_unsorted_raw_logits": "bf16_tie_flip; unsorted top-k rows were accepted (then a benign case)",
+    "seed_rows_unsorted_logprobs_only": "bf16_tie_flip; unsorted top-k rows were accepted (then a benign case)",
+    "logprob_above_zero": "bf16_tie_flip; logprobs before the difference were never checked for sign",
+    "topk_mass_above_one": "bf16_tie_flip; the top-k mass was checked only at the difference",
 }
 FOOLED: dict[str, str] = {}  # what fools it today
 
