@@ -12,7 +12,17 @@ the target is scored at the pair's first differing position t:
 A run that chose B's token is **numeric** when its chosen-token logprobs
 before t stay within `drift_nats` of A's and, at t, A's and B's tokens are
 both in its top-k within `drift_nats` of each other: a near-tie that tipped,
-not a different computation. Only numeric runs reproduce a flip.
+not a different computation. Only numeric runs reproduce a flip. With a
+calibration of this engine (`tracekit calibrate`), `drift_nats` is measured:
+twice the largest of its healthy drift and its largest healthy flip gap
+(`numeric_bound`); without one, the documented default 0.5 nats (said).
+
+With the FP32 teacher-forced `full` replay of the pair, each run's distribution
+up to t is also scored against it (mean weighted |Δlogprob|, reference.py): a
+burst-only reproduction is batch composition only when the bursts are as close
+to the reference as the alone runs (within RATIO_MIN, or the dtype's floor);
+otherwise the batched path computes farther from the truth than the engine's
+own alone path: a bug, with the numbers.
 
 The verdict (first rule that fires), with counts:
 
@@ -42,8 +52,18 @@ import numpy as np
 
 from tracekit.store import TraceReader
 
-from .explain_runs import Scorer, VariantCount, read_teacher, read_variants
+from .explain_runs import Scorer, VariantCount, read_reference_rows, read_teacher, read_variants
 from .grid import pair_grids
+from .reference import FLOOR, RATIO_MIN
+
+DEFAULT_DRIFT_NATS = 0.5  # uncalibrated: the documented default (docs/explain.md)
+
+
+def numeric_bound(cal) -> float:
+    """The calibrated numeric bound (nats): twice the largest healthy drift or flip gap."""
+    drift = float(cal.drift_max_nats.get("p100", 0.0) or 0.0)
+    return max(2.0 * max(drift, cal.flip_gap_max_nats), 1e-6)
+
 
 BENIGN = ("bf16_tie_flip", "cache_boundary", "post_eos")
 OK_KINDS = ("nondeterminism", "prefix_reuse", "batch_composition", "cache_history")
@@ -127,9 +147,25 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
         )
     burst = eng.get("burst")
     if burst is not None and burst.b_numeric and vb is not None and not vb.b:
+        if burst.err is not None and vb.err is not None:
+            floor = FLOOR.get(b_dtype, FLOOR["bf16"])
+            if burst.err > RATIO_MIN * vb.err and burst.err - vb.err > floor:
+                return "bug", (
+                    f"batched-path error beyond this engine's noise — B's token in {burst.b_numeric}/{burst.n} "
+                    f"bursts, 0/{vb.n} alone, but the bursts are {burst.err:.3g} nats from the FP32 reference "
+                    f"against {vb.err:.3g} alone ("
+                    + (f"ratio {burst.err / vb.err:.3g} > {RATIO_MIN}" if vb.err > 0 else "alone, exactly on it")
+                    + "): "
+                    "the batched path computes farther from the truth — report as a bug"
+                )
         return "batch_composition", (
             f"cause: batch composition — B's token in {burst.b_numeric}/{burst.n} bursts with its {mates} batch "
             f"mates from B, 0/{vb.n} alone at the same boundary {_where(bb)}"
+            + (
+                f"; as close to the FP32 reference as alone ({burst.err:.3g} vs {vb.err:.3g} nats)"
+                if burst.err is not None and vb.err is not None
+                else ""
+            )
         )
     live = ", ".join(f"{c.b_numeric}/{c.n} {c.variant}" for c in eng.values())
     full = teacher.get(f"full {b_dtype}")
@@ -264,10 +300,25 @@ def explain(
     teacher: str | None = None,
     mates: dict[str, int] | None = None,
     skipped: list[str] = (),
-    drift_nats: float = 0.5,
+    drift_nats: float | None = None,
     notes: list[str] = (),
+    calibration=None,
 ) -> ExplainResult:
-    """Score the variant traces (and the teacher-forced trace) of `pairs` and name each cause."""
+    """Score the variant traces (and the teacher-forced trace) of `pairs` and name each cause.
+    drift_nats: the numeric bound; None takes it from `calibration` (a tracekit.calibration
+    record), else the documented default (both said in the notes)."""
+    notes = list(notes)
+    if drift_nats is None and calibration is not None:
+        drift_nats = numeric_bound(calibration)
+        notes.append(f"numeric bound {drift_nats:.3g} nats, measured: calibration {calibration.describe()}")
+    elif drift_nats is None:
+        drift_nats = DEFAULT_DRIFT_NATS
+        notes.append(
+            f"numeric bound {drift_nats:g} nats: the documented default, uncalibrated (a deeper model's healthy "
+            "noise can exceed it; pass --calibration)"
+        )
+    else:
+        notes.append(f"numeric bound {drift_nats:g} nats (given)")
     with TraceReader(a) as ra, TraceReader(b) as rb:
         b_dtype = pair_grids(rb.meta.record).a.dtype  # B alone: its own grid
         rows = ra.requests.index_by_key()
@@ -275,7 +326,13 @@ def explain(
         for p in pairs:
             cols = ra.tokens(rows[p["key"]])
             scorers[p["key"]] = Scorer(p, cols.token_id, cols.logprob.astype(np.float64), drift_nats)
-    notes = list(notes) + read_variants(list(variants), scorers)
+    if teacher:
+        refs = read_reference_rows(teacher, set(scorers))
+        for key, (ids, lps) in refs.items():
+            scorers[key].set_reference(ids, lps)
+        if refs:
+            notes.append(f"each run scored against the FP32 full teacher-forced replay ({len(refs)} pairs)")
+    notes = notes + read_variants(list(variants), scorers)
     tf = read_teacher(teacher, {p["key"]: p for p in pairs}) if teacher else {}
     out = []
     for p in pairs:

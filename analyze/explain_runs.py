@@ -30,13 +30,20 @@ class VariantCount:
     first_early: int | None = None
     worst: tuple[float, float] | None = None  # (drift, gap) of the least numeric B run
     gaps: list = field(default_factory=list)  # |logprob(A's token) - logprob(B's token)| at t, runs that reached t
+    errs: list = field(default_factory=list)  # per run reaching t: mean weighted |Δlogprob| vs the FP32 reference
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("config", "variant", "n", "a", "b", "b_numeric", "other", "early", "failed")}
         d["boundaries"] = {str(k): v for k, v in sorted(self.boundaries.items())}
         d["first_early"] = self.first_early
         d["worst_b_run"] = None if self.worst is None else {"drift_nats": self.worst[0], "gap_nats": self.worst[1]}
+        d["reference_err_nats"] = None if not self.errs else float(np.mean(self.errs))
         return d
+
+    @property
+    def err(self) -> float | None:
+        """Mean error of the runs against the FP32 reference (None without one)."""
+        return float(np.mean(self.errs)) if self.errs else None
 
 
 def _tag(params: str) -> dict | None:
@@ -63,6 +70,10 @@ class Scorer:
         self.a_ids, self.a_lps, self.drift_nats = a_ids[: self.t], a_lps[: self.t], drift_nats
         self.counts: dict[tuple[str, str], VariantCount] = {}
         self.mates = mates
+        self.ref: tuple[np.ndarray, np.ndarray] | None = None  # FP32 reference top-k rows [<= t+1, k]
+
+    def set_reference(self, ids: np.ndarray, lps: np.ndarray) -> None:
+        self.ref = (ids[: self.t + 1], lps[: self.t + 1])
 
     def add(self, config: str, variant: str, status: str, cached: int, cols) -> None:
         vc = self.counts.setdefault((config, variant), VariantCount(config, variant))
@@ -79,6 +90,8 @@ class Scorer:
             vc.first_early = int(d[0]) if vc.first_early is None else min(vc.first_early, int(d[0]))
             return
         tok = int(ids[t])
+        if self.ref is not None:
+            self._score_reference(vc, cols)
         gap = _gap(cols.topk_id[t], cols.topk_logprob[t], self.p["token_a"], self.p["token_b"])
         if gap is not None:
             vc.gaps.append(gap)
@@ -98,6 +111,27 @@ class Scorer:
                 vc.worst = (drift, g)
         else:
             vc.other += 1
+
+    def _score_reference(self, vc: VariantCount, cols) -> None:
+        from .reference import row_errors
+
+        ids, lps = self.ref
+        n = min(len(ids), len(cols.topk_id))
+        err, _ = row_errors(cols.topk_id[:n], cols.topk_logprob[:n], ids[:n], lps[:n])
+        if np.isfinite(err).any():
+            vc.errs.append(float(np.nanmean(err)))
+
+
+def read_reference_rows(path: str, keys: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """key -> the FP32 `full` teacher-forced top-k rows (ids, logprobs) of a replay trace."""
+    out = {}
+    with TraceReader(path) as r:
+        t = r.requests
+        for i in range(len(t)):
+            if t.key[i] in keys and t.history[i] == "full" and t.dtype[i] == "fp32" and t.status[i] == "ok":
+                cols = r.tokens(i)
+                out[t.key[i]] = (cols.topk_id, cols.topk_logprob)
+    return out
 
 
 def read_variants(paths: list[str], scorers: dict[str, Scorer]) -> list[str]:

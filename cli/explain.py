@@ -37,14 +37,24 @@ Examples:
 @click.option("--deterministic-url", help="The same engine in its deterministic (batch-invariant) configuration.")
 @click.option("--fp32-url", help="The same engine in FP32.")
 @click.option("--top-logprobs", type=click.IntRange(2, 20), default=5, show_default=True)
-@click.option("--drift-nats", type=float, default=0.5, show_default=True, help="A run is numeric within this.")
+@click.option(
+    "--drift-nats",
+    type=float,
+    default=None,
+    help="A run is numeric within this (default: measured from --calibration, else 0.5 nats, said).",
+)
+@click.option(
+    "--calibration",
+    type=click.Path(exists=True, dir_okay=False),
+    help="This engine's measured noise (`tracekit calibrate`): the numeric bound comes from it.",
+)
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per request.")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from env VAR (never stored).")
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the traces (default explain-<UTC>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.explain/1).")
 @click.option("--markdown", is_flag=True, help="Print markdown to paste into a pull request.")
 def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, device, deterministic_url, fp32_url,
-        top_logprobs, drift_nats, timeout_s, api_key_env, out, as_json, markdown) -> int:  # fmt: skip
+        top_logprobs, drift_nats, calibration, timeout_s, api_key_env, out, as_json, markdown) -> int:  # fmt: skip
     """For each divergent pair of A (reference) and B, rerun the request under
     controlled variants on the live engine (alone cold, alone warm at each side's
     reused-prefix boundary, in a burst with B's batch mates; on the deterministic
@@ -61,7 +71,7 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
     o = ExplainOptions(url, repeats, model_dir, dtypes, device, deterministic_url, fp32_url, top_logprobs,
-                       drift_nats, timeout_s, api_key_env, config_repeats)  # fmt: skip
+                       drift_nats, timeout_s, api_key_env, config_repeats, calibration)  # fmt: skip
     chosen = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
     if Path(a).is_dir():
         if b is not None:

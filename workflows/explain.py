@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracekit.analyze.explain import explain, select_pairs
+from tracekit.calibration import read_calibration
 from tracekit.capture.explain import ReplayConfig, VariantConfig, plan_targets, replay, run_variants
 from tracekit.capture.explain.engines import start_configs
 from tracekit.rundir import RunDir, write_explain
@@ -31,10 +32,11 @@ class ExplainOptions:
     deterministic_url: str | None = None
     fp32_url: str | None = None
     top_logprobs: int = 5
-    drift_nats: float = 0.5
+    drift_nats: float | None = None  # the numeric bound; None: from `calibration`, else the documented default
     timeout_s: float = 600.0
     api_key_env: str | None = None
     config_repeats: int | None = None  # runs of each variant on the deterministic / FP32 configurations
+    calibration: str | None = None  # a tracekit.calibration record of this engine (`tracekit calibrate`)
 
 
 def log(msg: str) -> None:
@@ -50,7 +52,10 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
     notes, variants, teacher, mates = [], [], None, {}
     if pairs:
         variants, teacher, mates, notes = _run(a, b, pairs, root, o)
-    result = explain(a, b, pairs, [str(v) for v in variants], teacher, mates, skipped, o.drift_nats, notes)
+    cal = read_calibration(o.calibration) if o.calibration else None
+    result = explain(
+        a, b, pairs, [str(v) for v in variants], teacher, mates, skipped, o.drift_nats, notes, calibration=cal
+    )
     if pairs:
         doc = result.to_json()
         doc["traces"] = {"variants": [v.name for v in variants], "teacher_forced": teacher and Path(teacher).name}

@@ -199,3 +199,54 @@ def test_cli_errors(tmp_path, ab):
     # no finish reason, which diff no longer excuses), but there is no differing token to replay.
     assert doc["pairs"] == [] and doc["skipped"][1] == "q: not in A or B"
     assert doc["skipped"][0].startswith("p: ") and doc["skipped"][0].endswith(", no differing token to replay")
+
+
+def _fp32_full(tmp_path):
+    """The FP32 full-history replay of A's tokens up to t (the reference)."""
+    rows = [(record("p", history="full", dtype="fp32"), columns([5, 6, 7], near=NEAR_A, logits=True))]
+    return write(tmp_path / "teacher.h5", rows, source="teacher_forced", raw=True)
+
+
+def test_burst_farther_from_the_reference_than_alone_is_a_bug(tmp_path, ab):
+    """A deterministic batched-path bug reproduces in bursts and never alone, exactly like
+    batch composition; what tells them apart is the distance to the FP32 truth: here the
+    bursts' logprobs before t are 0.39 nats off it, the alone runs' not at all."""
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", token_seqs=[[5, 6, 9]] * 3, lps=[-0.4, -0.4, -0.01], near=NEAR_B)
+    p = _explain(tmp_path, ab, rows, teacher=_fp32_full(tmp_path))
+    assert p.kind == "bug" and not p.ok and p.loud  # classed benign one pair at a time
+    assert "batched-path error beyond this engine's noise — B's token in 3/3 bursts, 0/3 alone" in p.cause
+    burst = next(c for c in p.variants if c.variant == "burst")
+    warm = next(c for c in p.variants if c.variant == "warm:32")
+    assert burst.err > 0.25 and warm.err < 0.05 and f"{burst.err:.3g}" in p.cause
+
+
+def test_burst_as_close_to_the_reference_as_alone_is_batch_composition(tmp_path, ab):
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", token_seqs=[[5, 6, 9]] * 3, near=NEAR_B)
+    r = explain(*ab, [PAIR], [write(tmp_path / "v.h5", rows)], _fp32_full(tmp_path), {"p": 3})
+    p = r.pairs[0]
+    assert p.kind == "batch_composition" and "as close to the FP32 reference as alone" in p.cause
+    assert any(n.startswith("each run scored against the FP32 full teacher-forced replay (1 pairs)") for n in r.notes)
+    assert any("numeric bound 0.5 nats: the documented default, uncalibrated" in n for n in r.notes)
+
+
+def test_the_numeric_bound_comes_from_the_calibration(tmp_path, ab):
+    """A deeper model's healthy noise moves the gap by more than 0.5 nats: measured, the bound follows it."""
+    from tracekit.analyze.explain import numeric_bound
+    from tracekit.calibration import NATS_EDGES, Calibration, GapBins
+
+    n = len(NATS_EDGES) - 1
+    cal = Calibration(
+        "deep", "bf16", {}, 12, GapBins("nats", NATS_EDGES, (10,) * n, (0,) * n), None,
+        {"p100": 0.9}, {"p100": 0.1}, 1.5, None,
+    )  # fmt: skip
+    assert numeric_bound(cal) == 3.0
+    rows = runs("p", "alone:cold", **_as_a(2)) + runs("p", "warm:32", cached=32, **_as_a(2))
+    rows += runs("p", "burst", token_seqs=[[5, 6, 9]] * 2, lps=[-1.2, -0.01, -0.01], near=NEAR_B)
+    v = write(tmp_path / "v.h5", rows)
+    plain = explain(*ab, [PAIR], [v], None, {"p": 3}).pairs[0]
+    r = explain(*ab, [PAIR], [v], None, {"p": 3}, calibration=cal)
+    assert plain.kind == "bug"  # 1.19 nats of drift: not numeric on the 0.5-nat default
+    assert r.pairs[0].kind == "batch_composition" and r.drift_nats == 3.0
+    assert any("numeric bound 3 nats, measured: calibration deep" in n for n in r.notes)
