@@ -16,9 +16,16 @@ False alarms: on the healthy engine, `--runs` serial-vs-concurrent comparisons
 (prefix cache emptied before each capture, concurrency varied), the share of all
 pairs that diff calls `unexplained` (target 0).
 
+Family: `--family` runs the fault-injection family instead (every kind of
+tracekit/engine/faults.py SPECS at its default magnitude, BF16 and FP32, healthy vs
+faulty captures, >= 10 healthy runs per dtype for the false alarms); see
+bench/sensitivity_family.py.
+
 Usage: python bench/sensitivity.py [--quick] [--json] [--dtype bf16|fp32] [--eps 1e-3,1e-2]
                                    [--runs 5] [--keep DIR]
+       python bench/sensitivity.py --family [--quick] [--json] [--runs 10] [--family-dtypes bf16,fp32]
 `--quick`: the 16 fixture prompts, 16 tokens, EPS 1e-3 .. 1, under 2 minutes on 2 cores (80 s).
+`--family --quick`: the 16 fixture prompts, 8 tokens, 10 healthy runs per dtype.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # sensitivity_family
 
 from tracekit.analyze.compare import diff  # noqa: E402
 from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
@@ -219,8 +227,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--threads", default="1")
     ap.add_argument("--keep", default=None, help="keep the traces in this directory")
+    ap.add_argument("--family", action="store_true", help="the fault-injection family (sensitivity_family.py)")
+    ap.add_argument("--family-dtypes", default="bf16,fp32")
     args = ap.parse_args()
     mode = "quick" if args.quick else "full"
+    if args.family:
+        return family_main(args, mode)
     grid = tuple(float(x) for x in args.eps.split(",")) if args.eps else GRID[mode]
     args.max_tokens = args.max_tokens or (16 if args.quick else 32)
     engine_args = ["--threads", args.threads, "--dtype", args.dtype, "--slots", "8"]
@@ -258,6 +270,24 @@ def main() -> None:
     else:
         print(table(sweep, runs, args.dtype))
         print(f"\ndetect_eps {doc['detect_eps']}  false_alarm_rate {doc['false_alarm_rate']}  ({doc['wall_s']} s)")
+
+
+def family_main(args, mode: str) -> None:
+    import sensitivity_family as fam
+
+    args.max_tokens = args.max_tokens or (8 if args.quick else 16)
+    args.runs = max(args.runs, 10)  # the false-alarm figure needs >= 10 healthy runs per dtype
+    with tempfile.TemporaryDirectory(prefix="tracekit-family-") as tmp:
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        doc = fam.main(args, write_prompts, capture, http, log, work, PROMPT_SETS[mode])
+    doc["classifier_commit"] = _last_commit("analyze/classify.py")
+    doc["analyze_dirty"] = _dirty("analyze")
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(fam.table(doc))
+        print(f"\n{doc['prompts']} prompts x2, {doc['max_tokens']} tokens, {doc['wall_s']} s")
 
 
 def _dirty(path: str) -> bool | None:

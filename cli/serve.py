@@ -78,10 +78,12 @@ def _fault(ctx, param, value):
 @click.option(
     "--inject-fault",
     default=None,
-    metavar="corrupt-prefix-cache|perturb-kv:EPS",
+    metavar="KIND[:MAG]",
     callback=_fault,
-    help="TESTING ONLY: serve reused prefix-cache blocks from another block (a block-ownership bug), "
-    "or scaled by 1 + EPS * fixed-seed normal noise (a graded fault).",
+    help="TESTING ONLY: imitate a real engine bug, e.g. corrupt-prefix-cache, perturb-kv:EPS, batch-scale:EPS, "
+    "open-pad-column:N, kv-row-swap:P, prefix-key-collision:N, prefix-use-after-free:N, hit-position-offset:K, "
+    "chunk-boundary:K, topk-misorder:P, stale-logprobs:P, cached-tokens-off:K, early-stop:P, wrong-row-sample:P "
+    "(docs/engine.md, 'Fault switches').",
 )
 @click.option(
     "--batch-invariant",
@@ -117,13 +119,17 @@ def cmd(
     socket is bound; /health answers 503 until the model is loaded.
     """
     from ..engine.executor import check_model_dir, default_model_dir
+    from ..engine.faults import parse_fault
     from ..engine.server import ServeConfig, serve
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
     model_dir = model_dir or str(default_model_dir())
     check_model_dir(model_dir)  # before binding: a bad directory is one `Error:` line, exit 3
-    if inject_fault and no_prefix_cache:
-        raise click.UsageError("--inject-fault changes reused prefix-cache blocks: drop --no-prefix-cache")
+    needs = parse_fault(inject_fault).spec.needs if inject_fault else ""
+    if needs == "prefix_cache" and no_prefix_cache:
+        raise click.UsageError(f"--inject-fault {inject_fault} acts on the prefix cache: drop --no-prefix-cache")
+    if needs == "prefill_chunk" and prefill_chunk <= 0:
+        raise click.UsageError(f"--inject-fault {inject_fault} acts at prefill chunk boundaries: set --prefill-chunk")
     if batch_invariant and prefill_chunk % block_size:
         raise click.UsageError(
             "--batch-invariant splits a prefill only at blocks: make --prefill-chunk a multiple of --block-size"

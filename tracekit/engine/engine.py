@@ -78,8 +78,10 @@ class GenRequest:
     next_id: int = -1  # last chosen token, not yet in the KV
     generated: int = 0
     cached_tokens: int = 0
+    cached_tokens_reported: int = 0  # usage.cached_tokens (cached_tokens unless a fault misreports it)
     prefilling: bool = False  # admitted, prompt KV not complete yet
     generator: object = None
+    fault_state: object = None  # an injected fault's per-request memory (faults_hooks.py)
 
 
 @dataclass
@@ -107,9 +109,11 @@ class Engine:
         post: Callable[[Callable[[], None]], None] | None = None,
         threads: int = 0,
         prefill_chunk: int = 0,
+        fault=None,
     ):
         self.executor, self.cache, self.post, self.threads = executor, prefix_cache, post, threads
         self.prefill_chunk = prefill_chunk  # tokens per prefill forward; 0 = the whole prompt
+        self.fault = fault  # faults_hooks.EngineFault (TESTING ONLY; None = healthy), shared with the executor
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque[GenRequest] = collections.deque()
         self.active: list[GenRequest] = []
@@ -253,6 +257,7 @@ class Engine:
             for i, blk in enumerate(blocks):
                 self.executor.load_kv(r.slot, i * self.cache.block_size, blk.keys, blk.values)
         r.cached_tokens, r.length, r.prefilling = start, start, True
+        r.cached_tokens_reported = start if self.fault is None else self.fault.cached_reported(r)
         self.counters.prompt_tokens += len(r.prompt_ids)
         if r.seed is not None and r.temperature > 0:
             import torch
@@ -271,7 +276,11 @@ class Engine:
         run = self.executor
         n = len(r.prompt_ids)
         end = n if self.prefill_chunk <= 0 else min(n, r.length + self.prefill_chunk)
-        logits = run.prefill(r.slot, r.prompt_ids[:end], r.length)
+        if self.fault is None:
+            logits = run.prefill(r.slot, r.prompt_ids[:end], r.length)
+        else:
+            self.fault.before_chunk(run, r)
+            logits = run.prefill(r.slot, r.prompt_ids[:end], r.length, self.fault.prefill_shift(r))
         r.length = end
         self.counters.prefills += 1
         if end < n:
@@ -315,6 +324,8 @@ class Engine:
         from .executor import select
 
         k = max(r.logprobs for r in rows)
+        if self.fault is not None:
+            logits = self.fault.remap_rows(rows, logits)
         out = select(logits, k, [r.temperature for r in rows], [r.generator for r in rows])
         events = []
         for i, r in enumerate(rows):
@@ -334,11 +345,13 @@ class Engine:
             reason = "stop"
         elif r.generated >= r.max_tokens or r.length >= self.executor.max_context:  # no room to feed it
             reason = "length"
+        if self.fault is not None:
+            reason = self.fault.finish(r, tok, reason)
         if reason:
             self._release(r)
             self.counters.finished[reason] += 1
         n = r.logprobs
-        return TokenEvent(
+        ev = TokenEvent(
             tok,
             float(out.chosen_logprob[i]),
             float(out.chosen_logit[i]),
@@ -347,6 +360,7 @@ class Engine:
             out.top_logits[i, :n].tolist(),
             reason,
         )
+        return ev if self.fault is None else self.fault.report(r, ev)
 
     def _deliver(self, events: list) -> None:
         if self.post is None:

@@ -121,6 +121,7 @@ class ModelExecutor:
         self._batch: _Batch | None = None  # the running decode batch; dropped when any slot is refilled
         self.model_type = str(getattr(cfg, "model_type", "?"))
         self.allow_cudnn = False  # True only to measure why it is off (tracekit/engine/kernels.py)
+        self.fault = None  # faults_hooks.EngineFault (TESTING ONLY; None = healthy)
 
     def _eos_ids(self, path: Path) -> list[int]:
         """What the model's files state (tracekit.modelinfo, the one reader). Only when they state
@@ -142,8 +143,9 @@ class ModelExecutor:
         return out.logits[:, -1, :]  # [B, V], model dtype
 
     @torch.inference_mode()
-    def prefill(self, slot: int, tokens: list[int], start: int) -> torch.Tensor:
-        """Run tokens[start:] on top of the slot's KV [0, start). Returns last-position logits [1, V]."""
+    def prefill(self, slot: int, tokens: list[int], start: int, pos_shift: int = 0) -> torch.Tensor:
+        """Run tokens[start:] on top of the slot's KV [0, start). Returns last-position logits [1, V].
+        pos_shift != 0 only under the injected fault hit-position-offset (RoPE positions off)."""
         from transformers import DynamicCache
 
         self._forget_batch(slot)
@@ -156,7 +158,7 @@ class ModelExecutor:
                 kv = self.kv[slot, layer, :, :, :start]  # [2, Hkv, start, D]
                 cache.update(kv[0][None], kv[1][None], layer)
         ids = torch.tensor([tokens[start:]], device=self.device)
-        pos = torch.arange(start, len(tokens), device=self.device)[None]
+        pos = torch.arange(start + pos_shift, len(tokens) + pos_shift, device=self.device)[None]
         logits = self._forward(ids, pos, None, cache)
         n = len(tokens)
         for layer, cl in enumerate(cache.layers):
@@ -183,7 +185,12 @@ class ModelExecutor:
         cache = b.cache()
         li = torch.tensor(lengths, device=dev)
         ids = torch.tensor(next_ids, device=dev)[:, None]
-        logits = self._forward(ids, li[:, None], b.mask[:, : b.n + 1], cache)
+        if self.fault is None:
+            logits = self._forward(ids, li[:, None], b.mask[:, : b.n + 1], cache)
+        else:
+            with self.fault.scaled(self.model, len(slots)):
+                logits = self._forward(ids, li[:, None], b.mask[:, : b.n + 1], cache)
+            self.fault.after_decode(b.kv, b.n, next_ids, lengths)
         # Keep the slot buffers current (prefix cache, rebuilds): one [B, L, 2, Hkv, D] scatter.
         new = b.kv[:, :, :, :, b.n].permute(2, 0, 1, 3, 4)  # [L, 2, B, Hkv, D] -> [B, L, 2, Hkv, D]
         self.kv[torch.tensor(slots, device=dev), :, :, :, li] = new
@@ -203,6 +210,8 @@ class ModelExecutor:
         kv[..., :lmax, :] = self.kv[si[:, None], :, :, :, src.clamp(min=0)].permute(2, 3, 0, 4, 1, 5)
         mask = torch.zeros(bsz, cap, dtype=torch.long, device=dev)
         mask[:, :lmax] = (src >= 0).long()
+        if self.fault is not None:
+            self.fault.open_pad(mask, lmax - li)
         return _Batch(tuple(slots), list(lengths), kv, mask, lmax, cap)
 
     def drop_batch(self) -> None:

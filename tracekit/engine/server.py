@@ -77,6 +77,7 @@ class App:
         from .engine import Engine
         from .executor import ModelExecutor
         from .faults import parse_fault
+        from .faults_hooks import engine_fault
         from .prefix_cache import PrefixCache
 
         if self.cfg.threads:
@@ -89,13 +90,21 @@ class App:
         self.executor = ModelExecutor(
             c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context, batch_invariant=c.batch_invariant
         )
-        cache = PrefixCache(c.block_size, c.cache_blocks, parse_fault(c.fault)) if c.prefix_cache else None
+        fault = parse_fault(c.fault)
+        cache = PrefixCache(c.block_size, c.cache_blocks, fault) if c.prefix_cache else None
+        self.executor.fault = hooks = engine_fault(fault)  # None unless an executor/engine fault
         self.engine = Engine(
-            self.executor, cache, post=self.loop.call_soon_threadsafe, threads=c.threads, prefill_chunk=c.prefill_chunk
+            self.executor,
+            cache,
+            post=self.loop.call_soon_threadsafe,
+            threads=c.threads,
+            prefill_chunk=c.prefill_chunk,
+            fault=hooks,
         )
         self.engine.start()
 
     def meta(self) -> dict:
+        from .faults import parse_fault
         from .kernels import describe as describe_kernels
         from .memory import memory_report
 
@@ -115,7 +124,7 @@ class App:
             "prefix_cache": c.prefix_cache,
             "prefill_chunk": c.prefill_chunk,
             "batch_invariant": c.batch_invariant,
-            "inject_fault": c.fault,
+            "inject_fault": parse_fault(c.fault).name if c.fault else None,  # the canonical spelling
             "model_type": r.model_type,
             "model_dir": os.path.abspath(c.model_dir),
             "max_logprobs": 20,
@@ -163,10 +172,13 @@ class App:
 
     async def fault_log(self, request):
         """Every application of the injected fault (only with --inject-fault): which prompt, how
-        many cached KV values it served and how many it actually changed."""
+        many cached KV values it served and how many it actually changed. The family's executor and
+        engine kinds (faults_hooks.py) report only how many times they changed something."""
         if self.engine is None:
             return json_error(503, "model is loading", "service_unavailable")
-        cache = self.engine.cache
+        cache, hooks = self.engine.cache, self.engine.fault
+        if self.cfg.fault is not None and hooks is not None:
+            return web.json_response({"fault": self.cfg.fault, "applied_total": hooks.applied, "records": []})
         if self.cfg.fault is None or cache is None:
             return json_error(404, "no fault injected (start with --inject-fault)", "not_found_error")
         total, recs = cache.fault_log.snapshot()
@@ -268,7 +280,7 @@ class App:
         if p.return_token_ids:
             choice.update(token_ids=ids, prompt_token_ids=list(p.prompt_ids))
         return web.json_response(
-            envelope(new_id(), self.name, [choice], usage(len(p.prompt_ids), len(ids), req.cached_tokens))
+            envelope(new_id(), self.name, [choice], usage(len(p.prompt_ids), len(ids), req.cached_tokens_reported))
         )
 
     @staticmethod
@@ -330,7 +342,7 @@ class App:
                 delta += text.flush()
             await send(chunk(delta, finish, text.stop_hit, ev, off))
         if p.include_usage and finish is not None:
-            await send(envelope(cid, self.name, [], usage(len(p.prompt_ids), n, req.cached_tokens)))
+            await send(envelope(cid, self.name, [], usage(len(p.prompt_ids), n, req.cached_tokens_reported)))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
 
