@@ -69,6 +69,9 @@ def resolve_dtype(run: RunRecord | Mapping, override: str | None = None) -> tupl
     rec = _record(run)
     found = rec.dtype_claims()
     if not found:
+        src = rec.dtype.source or ""
+        if src.startswith("quantized"):  # no float grid at all: steps are only a yardstick of last resort
+            return Grid(ASSUMED, f"assumed for lack of a grid; {src}", False), None
         return Grid(ASSUMED, "assumed: the run metadata names no dtype; pass --dtype to set it", False), None
     named = sorted({d for _, d in found}, key=lambda d: DTYPES[d].mantissa_bits)
     d = named[-1]  # names that disagree: the finest grid (the strictest judge) until one is proven

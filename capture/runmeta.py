@@ -72,6 +72,15 @@ async def engine_numerics(session, base: str, dialect: str, engine: dict) -> dic
                 if dtype_name(body.get("dtype")):
                     found["dtype"], found["source"]["dtype"] = dtype_name(body["dtype"]), f"{route} dtype"
                 break
+    elif dialect == "llamacpp" or "ftype" in meta:
+        # llama.cpp's /v1/models data[0].meta.ftype: "all F32", "BF16", "F16", or a quantized type
+        # ("Q8_0", "Q4_K - Medium"; tools/server/server.cpp, llama_model_ftype_name).
+        ftype = meta.get("ftype")
+        if dtype_name(ftype):
+            found["dtype"], found["source"]["dtype"] = dtype_name(ftype), f"/v1/models meta.ftype {ftype!r}"
+        elif dtypes.quantized(ftype):
+            found["quantized"] = dtypes.quantized(ftype)
+            found["source"]["quantized"] = f"/v1/models meta.ftype {ftype!r}"
     elif dialect == "tgi":
         st, body, _ = await _get(session, base + "/info")
         if st == 200 and isinstance(body, dict) and dtype_name(body.get("model_dtype")):
@@ -96,6 +105,11 @@ def resolve_dtype(label: str | None, run_meta_label: str | None, found: dict) ->
         return engine, f"engine: {found['source']['dtype']}"
     if given:
         return given, "--dtype" if label else "--run-meta dtype"
+    if found.get("quantized"):
+        return None, (
+            f"quantized: the engine reports {found['quantized']} ({found['source']['quantized']}); its logits "
+            "lie on no float grid: judge the run with `tracekit calibrate` and --calibration"
+        )
     return None, "unknown: the engine does not report it; pass --dtype fp32|bf16|fp16"
 
 

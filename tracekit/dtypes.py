@@ -41,6 +41,20 @@ ALIASES: dict[str, str] = {
 }
 
 
+# llama.cpp ftype names (llama_model_ftype_name) and other weight formats with no float grid:
+# quantized weights (Q4_0, Q8_0, Q4_K - Medium, IQ2_XS, ...), FP8, AWQ, GPTQ. Their logits lie
+# on no grid tracekit knows; such runs are recorded as quantized and judged by calibration.
+QUANTIZED_PREFIXES = ("q", "iq", "tq", "fp8", "f8", "e4m3", "e5m2", "awq", "gptq", "int8", "int4", "mxfp4", "nvfp4")
+
+
+def quantized(value: object) -> str | None:
+    """The quantized format a dtype label names ('Q8_0', 'mostly Q4_K - Medium', 'fp8_e4m3'), else None."""
+    if not isinstance(value, str):
+        return None
+    v = value.strip().lower().removeprefix("mostly ").removeprefix("torch.")
+    return value.strip() if v.startswith(QUANTIZED_PREFIXES) and normalise(value) is None else None
+
+
 def normalise(value: object) -> str | None:
     """'torch.bfloat16', 'BF16', 'bfloat16', llama.cpp's 'all F32' ... -> 'bf16' / 'fp32'; None for
     anything else ('auto', '', a non-string)."""

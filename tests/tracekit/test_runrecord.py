@@ -43,3 +43,14 @@ def test_round_trip_and_validation():
         RunRecord.from_json({"run_version": 2})
     with pytest.raises(TraceFormatError, match="eos_token_ids"):
         RunRecord.from_json({"eos_token_ids": "0"})
+
+
+def test_quantized_labels_are_recognised_and_never_taken_for_a_float_grid():
+    """llama.cpp's ftype of a Q8_0 / Q4_K GGUF (or an FP8 checkpoint) names no float grid: such
+    a run is recorded as quantized, never silently judged as BF16."""
+    from tracekit.dtypes import normalise, quantized
+
+    for label in ("Q8_0", "Q4_K - Medium", "mostly Q4_0", "IQ2_XS", "fp8_e4m3", "AWQ"):
+        assert quantized(label) and normalise(label) is None, label
+    for label in ("all F32", "BF16", "F16", "bfloat16", "torch.float32"):
+        assert quantized(label) is None and normalise(label) is not None, label
