@@ -21,8 +21,9 @@ ceiling (a deterministic bug both runs share, e.g. a prefix-cache key collision)
 
 Over the run: two roundings of the same truth are as often closer as farther, so the pairs'
 log(B/A) are centred on 0. A one-sided Wilcoxon signed-rank test over the pairs (p < ALPHA
-with the median ratio beyond RUN_RATIO) finds a side that is systematically farther even
-when no pair alone is conclusive (a small corruption of every reused block). The numbers
+with the median ratio beyond RUN_RATIO and the median excess beyond a tenth of the dtype's
+floor) finds a side that is systematically farther even when no pair alone is conclusive (a
+small corruption of every reused block). The numbers
 are in nats of logprob; the defaults are in docs/analysis.md.
 """
 
@@ -38,6 +39,7 @@ ALPHA = 0.01
 RATIO_MIN = 1.5
 RUN_RATIO = 1.1  # the run-level test's effect size: median B/A beyond 1.1 (or below 1/1.1)
 RUN_MIN_PAIRS = 6  # fewer pairs: no run-level verdict (said)
+RUN_FLOOR_SHARE = 0.1  # the run-level excess (median of B's minus median of A's errors) must pass FLOOR/10
 BOOT = 1000
 SEED = 7
 CHUNK = 65536  # positions a vectorised step
@@ -159,7 +161,7 @@ def against_reference(al: Alignment, t: np.ndarray, dtypes: np.ndarray, ref_side
         for k, v in zip(("ratio", "ratio_lo", "ratio_hi", "p_b", "p_a"), stats):
             cols[k][i] = v
         verdict[i] = _verdict(ea.mean(), eb.mean(), stats, str(dtypes[i]))
-    run = run_test(cols["ratio"])
+    run = run_test(cols["ratio"], cols["err_a"], cols["err_b"], dtypes)
     return PairReference(
         cols["n"],
         cols["err_a"],
@@ -179,11 +181,17 @@ def against_reference(al: Alignment, t: np.ndarray, dtypes: np.ndarray, ref_side
     )
 
 
-def run_test(ratio: np.ndarray) -> tuple[int, float, float, float, str]:
-    """(pairs, median B/A, p B farther, p A farther, verdict) over the pairs' log ratios."""
+def run_test(ratio: np.ndarray, err_a: np.ndarray, err_b: np.ndarray, dtypes: np.ndarray):
+    """(pairs, median B/A, p B farther, p A farther, verdict) over the pairs' log ratios. A side
+    is farther across the run only when the excess of its median error also passes a tenth of
+    the dtype's floor: FP32 sides 1e-7 nats apart are both exact for any purpose."""
     from scipy.stats import wilcoxon
 
-    r = ratio[np.isfinite(ratio) & (ratio > 0)]
+    ok = np.isfinite(ratio) & (ratio > 0)
+    r = ratio[ok]
+    dts = [str(d) for d in np.asarray(dtypes)[ok].tolist()] or ["bf16"]
+    floor = RUN_FLOOR_SHARE * FLOOR.get(max(set(dts), key=dts.count), FLOOR["bf16"])
+    excess = float(np.median(err_b[ok]) - np.median(err_a[ok])) if ok.any() else 0.0
     if len(r) < RUN_MIN_PAIRS:
         return len(r), float(np.median(r)) if len(r) else float("nan"), 1.0, 1.0, "too few pairs"
     lr = np.log(r)
@@ -193,9 +201,9 @@ def run_test(ratio: np.ndarray) -> tuple[int, float, float, float, str]:
     pb = float(wilcoxon(lr, alternative="greater", zero_method="zsplit").pvalue)
     pa = float(wilcoxon(lr, alternative="less", zero_method="zsplit").pvalue)
     verdict = ""
-    if pb < ALPHA and med > RUN_RATIO:
+    if pb < ALPHA and med > RUN_RATIO and excess > floor:
         verdict = "B farther across the run"
-    elif pa < ALPHA and med < 1 / RUN_RATIO:
+    elif pa < ALPHA and med < 1 / RUN_RATIO and -excess > floor:
         verdict = "A farther across the run"
     return len(r), med, pb, pa, verdict
 

@@ -13,19 +13,28 @@ finish reason, reported cached_tokens) is bitwise none of the outputs the health
 that request in any of its captures (the serial baseline and every healthy concurrent run): a
 burst whose batch composition differs gives other BF16 numbers on a healthy engine too, and those
 are not the fault's doing (a fault that happens to reproduce a healthy output is not counted).
-The figure per kind: the share of changed pairs that diff flags. Today's classifier judges one pair at a time with fixed
-tolerances, so many of these bugs pass as ties, post-EOS or boundary noise: these are the
-numbers the calibration work has to raise.
+The figure per kind: the share of changed pairs that diff flags, judged two ways:
+
+- `plain`: `tracekit diff base faulty` as before (one pair at a time, the documented defaults);
+- `calibrated`: `tracekit diff base faulty --calibration CAL --reference REF`, where CAL is
+  measured from the first half of the healthy concurrent runs (`tracekit calibrate`) and REF is
+  the FP32 teacher-forced `full` replay of the baseline's tokens (HF, the fixture model). A
+  capture is *flagged* when the diff fails (a pair unexplained/incomparable, or a run-level test
+  of the calibration or the reference); its changed pairs then count as flagged. The false
+  alarms of this yardstick: the second half of the healthy runs, each diffed the same way.
 """
 
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from tracekit.analyze.calibrate import measure
 from tracekit.analyze.compare import diff
 from tracekit.engine.faults import SPECS
 from tracekit.engine.process import start_engine
@@ -56,8 +65,9 @@ def outputs(trace: Path) -> dict[str, tuple]:
     return out
 
 
-def _score(base: Path, faulty: Path, same_shape: dict[str, tuple]) -> dict:
+def _score(base: Path, faulty: Path, same_shape: dict[str, tuple], yardstick: dict) -> dict:
     res = diff(base, faulty)
+    cal = diff(base, faulty, **yardstick)
     got = outputs(faulty)
     changed = collections.Counter()
     for p in res.pairs:
@@ -65,6 +75,8 @@ def _score(base: Path, faulty: Path, same_shape: dict[str, tuple]) -> dict:
             changed[p.cls] += 1
     n = sum(changed.values())
     flagged = sum(changed[c] for c in FLAGGED)
+    changed_keys = {p.key for p in res.pairs if got.get(p.key) not in same_shape.get(p.key, ())}
+    cal_flagged = n if not cal.ok else sum(1 for p in cal.pairs if p.key in changed_keys and p.cls in FLAGGED)
     return {
         "pairs": len(res),
         "changed": n,
@@ -72,7 +84,19 @@ def _score(base: Path, faulty: Path, same_shape: dict[str, tuple]) -> dict:
         "share": flagged / n if n else None,
         "changed_classes": dict(changed),
         "flagged_all": sum(res.counts().get(c, 0) for c in FLAGGED),
+        "calibrated_flagged": cal_flagged,
+        "calibrated_run_failed": not cal.ok,
+        "calibrated_why": [x for x in cal.notes if "NOT consistent" in x or "FARTHER" in x][:2],
     }
+
+
+def _reference(base: Path, out: Path) -> Path:
+    """The FP32 teacher-forced full replay of the baseline's tokens (the fixture model)."""
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "tracekit", "capture", "--teacher-forced", str(root / "fixtures/models/tiny")]
+    cmd += ["--from", str(base), "--history", "full", "--dtype", "fp32", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=root)
+    return out
 
 
 def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -> dict:
@@ -88,8 +112,18 @@ def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -
             for key, out in outputs(conc).items():
                 seen[key].add(out)
             counts = diff(base, conc).counts()
-            alarms.append({"run": i, **counts})
+            alarms.append({"run": i, **counts, "trace": conc})
             log(f"{dtype} healthy run {i}: {counts}")
+    half = max(1, len(alarms) // 2)
+    cal = measure([(str(base), str(a["trace"])) for a in alarms[:half]], f"{dtype}-healthy-c{CONCURRENCY}")
+    yardstick = {"calibration": cal, "reference": _reference(base, work / f"{dtype}_reference_fp32.h5")}
+    held_out = []
+    for a in alarms[half:]:
+        r = diff(base, a["trace"], **yardstick)
+        held_out.append({"run": a["run"], "ok": r.ok, "why": [x for x in r.notes if "NOT" in x or "FARTHER" in x]})
+        log(f"{dtype} healthy run {a['run']} on the calibrated yardstick: {'ok' if r.ok else 'FALSE ALARM'}")
+    for a in alarms:
+        a["trace"] = str(a["trace"])
     rows = []
     for kind in family_kinds():
         extra = ["--prefill-chunk", PREFILL_CHUNK] if SPECS[kind].needs == "prefill_chunk" else []
@@ -99,8 +133,8 @@ def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -
             burst = capture(eng.url, prompts, work / f"{dtype}_{kind}_burst.h5", CONCURRENCY, args)
             applied = http(eng.url + "/fault_log").get("applied_total")
         row = {"kind": kind, "fault": f"{kind}:{SPECS[kind].default:g}", "applied": applied}
-        row["serial"] = _score(base, serial, seen)
-        row["burst"] = _score(base, burst, seen)
+        row["serial"] = _score(base, serial, seen, yardstick)
+        row["burst"] = _score(base, burst, seen, yardstick)
         rows.append(row)
         log(
             f"{dtype} {kind}: serial {row['serial']['flagged']}/{row['serial']['changed']}, "
@@ -114,14 +148,19 @@ def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -
         "false_alarm_runs": alarms,
         "false_alarms": false,
         "false_alarm_pairs": pairs,
+        "calibration": cal.describe(),
+        "calibrated_false_alarm_runs": sum(not h["ok"] for h in held_out),
+        "calibrated_healthy_runs": len(held_out),
+        "calibrated_held_out": held_out,
     }
 
 
 def table(doc: dict) -> str:
     out = [
         "| fault (default magnitude) | dtype | serial: flagged / changed | burst: flagged / changed "
-        "| share flagged (both) | verdicts of the changed pairs | hook applications |",
-        "|---|---|---|---|---|---|---|",
+        "| share flagged (both) | calibrated + reference: flagged / changed | verdicts of the changed pairs "
+        "| hook applications |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for d in doc["dtypes"]:
         for r in d["kinds"]:
@@ -130,13 +169,23 @@ def table(doc: dict) -> str:
             verdicts = collections.Counter(s["changed_classes"]) + collections.Counter(b["changed_classes"])
             v = ", ".join(f"{k} {c}" for k, c in sorted(verdicts.items())) or "-"
             share = f"{f / n:.0%}" if n else "n/a"
+            cf = s["calibrated_flagged"] + b["calibrated_flagged"]
+            cshare = f"{cf}/{n} ({cf / n:.0%})" if n else "n/a"
             out.append(
                 f"| `{r['fault']}` | {d['dtype']} | {s['flagged']}/{s['changed']} | {b['flagged']}/{b['changed']} "
-                f"| {share} | {v} | {r['applied']} |"
+                f"| {share} | {cshare} | {v} | {r['applied']} |"
             )
-    out += ["", "| dtype | healthy runs (serial vs concurrent) | pairs | flagged (false alarms) |", "|---|---|---|---|"]
+    out += [
+        "",
+        "| dtype | healthy runs (serial vs concurrent) | pairs | flagged (false alarms) "
+        "| calibrated: held-out healthy runs failed |",
+        "|---|---|---|---|---|",
+    ]
     for d in doc["dtypes"]:
-        out.append(f"| {d['dtype']} | {len(d['false_alarm_runs'])} | {d['false_alarm_pairs']} | {d['false_alarms']} |")
+        out.append(
+            f"| {d['dtype']} | {len(d['false_alarm_runs'])} | {d['false_alarm_pairs']} | {d['false_alarms']} "
+            f"| {d['calibrated_false_alarm_runs']}/{d['calibrated_healthy_runs']} ({d['calibration']}) |"
+        )
     return "\n".join(out)
 
 

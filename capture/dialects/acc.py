@@ -128,7 +128,7 @@ class Acc:
             if len(self.top_logits) != total:
                 raise ValueError(f"{len(self.top_logits)} top-k logits for {total} candidates")
             logits = np.array(self.top_logits, np.float64)
-        tid, tlp, tlg = rank_matrix(np.asarray(self.widths, np.int64), flat, vals, logits, k)
+        tid, tlp, tlg = rank_matrix(np.asarray(self.widths, np.int64), flat, vals, logits, k, chosen)
         return TokenColumns(
             chosen.astype(np.int32),
             np.array(self.lps, np.float32),
@@ -139,38 +139,49 @@ class Acc:
         )
 
 
-def rank_matrix(widths: np.ndarray, ids: np.ndarray, vals: np.ndarray, logits: np.ndarray | None, k: int):
-    """Flat candidates (row i has widths[i] of them) -> ids, values, logits [n, k], each row in
-    descending value (stable: ties keep the engine's order), cut at k, padded -1 / NaN."""
+def rank_matrix(widths: np.ndarray, ids: np.ndarray, vals: np.ndarray, logits: np.ndarray | None, k: int, chosen=None):
+    """Flat candidates (row i has widths[i] of them) -> ids, values, logits [n, k], padded -1 / NaN.
+
+    Rows are stored in the engine's own order: the order is part of what the engine reports, and
+    `tracekit diff` checks it (analyze/reported.py: a misordered row is a misreport, never
+    silently repaired). A row is ranked (descending value, stable: ties keep the engine's order)
+    only where that is what the engine meant: it holds more than k candidates (its top k are
+    kept), or it lists the chosen token first (vLLM puts a sampled token ahead of its top-k).
+    A greedy engine's chosen token is its top-1, so its rows are never reordered here."""
     n, total = len(widths), len(vals)
     tid = np.full((n, k), -1, np.int32)
     tlp = np.full((n, k), np.nan, np.float32)
     tlg = None if logits is None else np.full((n, k), np.nan, np.float32)
     if not n or not total or not k:
         return tid, tlp, tlg
-    w = int(widths[0])
-    if total == n * w and (widths == w).all():
-        # The common case: every token has the same width; a reshape, sorted only if needed.
-        v, i = vals.reshape(n, w), ids.reshape(n, w)
-        g = None if logits is None else logits.reshape(n, w)
-        if w > 1 and not (v[:, :-1] >= v[:, 1:]).all():  # NaN compares False: sorted (last) too
-            order = np.argsort(-v, axis=1, kind="stable")
-            v, i = np.take_along_axis(v, order, 1), np.take_along_axis(i, order, 1)
-            g = None if g is None else np.take_along_axis(g, order, 1)
-        m = min(w, k)
-        tid[:, :m], tlp[:, :m] = i[:, :m], v[:, :m]
-        if g is not None:
-            tlg[:, :m] = g[:, :m]
-        return tid, tlp, tlg
     rows = np.repeat(np.arange(n), widths)
-    order = np.lexsort((-vals, rows))  # by row, then descending value; stable
-    cols = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
+    start = np.cumsum(widths) - widths
+    cols = np.arange(total) - start[rows]
+    need = _rank_rows(widths, ids, vals, rows, start, chosen, k)
+    if need.any():
+        key = np.where(need[rows], -vals, cols.astype(np.float64))  # a NaN value sorts last
+        order = np.lexsort((key, rows))  # by row, then (ranked rows) descending value; stable
+    else:
+        order = np.arange(total)
     keep = cols < k
     r, c, o = rows[keep], cols[keep], order[keep]
     tid[r, c], tlp[r, c] = ids[o], vals[o]
     if tlg is not None:
         tlg[r, c] = logits[o]
     return tid, tlp, tlg
+
+
+def _rank_rows(widths, ids, vals, rows, start, chosen, k) -> np.ndarray:
+    """[n] rows to rank: wider than k, or out of order with the chosen token listed first."""
+    need = widths > k
+    out_of_order = np.r_[rows[1:] == rows[:-1], False] & (np.r_[vals[1:], np.nan] > vals)
+    bad = np.bincount(rows[out_of_order], minlength=len(widths)) > 0
+    if chosen is not None and bad.any():
+        has = widths > 0
+        lead = np.zeros(len(widths), bool)
+        lead[has] = ids[start[has]] == np.asarray(chosen)[has]
+        need |= bad & lead
+    return need
 
 
 def resolve_ids(items: list, has_strs: bool, to_ids: ToIds | None) -> np.ndarray:
