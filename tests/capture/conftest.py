@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from capture_helpers import write_prompts  # noqa: E402
-from dialect_fields_shared import capture_cache, one_capture  # noqa: E402
+from support.capture_helpers import write_prompts
+from support.dialect_fields_shared import capture_cache, one_capture
 
 from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
 

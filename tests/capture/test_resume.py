@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from replay import ReplayServer, routes_for
+from support.replay import ReplayServer, routes_for
 
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader, TraceWriter, copy_requests
