@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from support.capture_helpers import write_prompts
-from support.dialect_fields_shared import capture_cache, one_capture
 
 from tracekit.capture.capture_run import CaptureConfig, run_capture  # noqa: E402
 
@@ -22,16 +21,3 @@ def capture_to(tmp_path):
         return run_capture(CaptureConfig(url=url, prompts=pfile, out=str(out), **kw)), out
 
     return run
-
-
-# The dialect field tests (test_dialect_fields_*.py), one file per engine, share these two.
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """captured(variant) -> the capture of a variant of dialect_fields_shared.VARIANTS, made once per module."""
-    return capture_cache(tmp_path_factory.mktemp("fields"))
-
-
-@pytest.fixture
-def one(tmp_path):
-    """one(routes, prompt, stream, **options): a capture that is not shared."""
-    return one_capture(tmp_path)

@@ -1,5 +1,4 @@
-"""Helpers shared by the capture tests (a uniquely named module: `conftest` is ambiguous
-with the teacher tests' conftest on sys.path)."""
+"""Helpers shared by the capture tests (`support.capture_helpers`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 once per argument tuple for the whole session (engine starts dominate the run
 time), and stops them all at the end. Tests sharing an engine use unique
 prompts or counter deltas, never absolute state. HTTP helpers live in
-engine_helpers.py (a plain module: `conftest` names clash across test folders).
+tests/support/engine_helpers.py (`conftest` names clash across test folders).
 """
 
 from __future__ import annotations
