@@ -1,7 +1,7 @@
 """The matrix report shows what each burst capture recorded about itself (analyze/matrix_sections.py):
 prefix reuse per request where the engine reports cached tokens, else its /metrics hit counter over
 the capture (run.prefix_cache_counters), and the pitfalls the captures warned of, once each with the
-cells they apply to. The whole page against a real run is tests/matrix/test_run_e2e.py."""
+cells they apply to. The whole page against a real run is tests/capture/matrix/test_run_e2e.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Corrupt copies of a trace, and read each one the way every tracekit command does.
 
-Used by tests/tracekit/test_reader_fuzz.py. Two halves:
+Used by tests/tracekit/store/test_reader_fuzz.py. Two halves:
 
 - `variants(src, rng, n_bytes)`: byte-level damage (truncation, bit flips biased
   towards HDF5 metadata, zeroed and garbage blocks) and structural edits made
