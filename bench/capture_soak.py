@@ -2,7 +2,7 @@
 
 `--requests` streamed requests (default 2,000) at `--concurrency` (64) go through the real
 command line (`python -m tracekit capture --http ... --json`, its own process) to the
-transcript-replaying server of the tests (tests/capture/replay.py, vLLM transcripts, each
+transcript-replaying server of the tests (tests/support/replay.py, vLLM transcripts, each
 response re-chunked at seeded byte boundaries). Each fault kind of the server is injected into
 `--rate` (5 %) of the requests, exactly that many of each, placed by a seeded shuffle; the
 rest are clean. What each kind must become (KINDS below):
@@ -53,9 +53,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "capture"))
+sys.path.insert(0, str(ROOT / "tests"))
 
-from replay import ReplayServer, load, routes_for  # noqa: E402
+from support.replay import ReplayServer, load, routes_for  # noqa: E402
 
 from tracekit.store import TraceReader  # noqa: E402
 

@@ -100,7 +100,7 @@ def engine_only(levels: list[int], n: int, max_tokens: int, dtype: str, threads:
 
         hf_logging.disable_progress_bar()
     eng = Engine(ModelExecutor(default_model_dir(), dtype, slots=8), None)
-    tok = eng.runner.tokenizer
+    tok = eng.executor.tokenizer
     prompts = [tok.encode(b["prompt"], add_special_tokens=False) for b in bodies(n, max_tokens)]
     out = []
     for c in levels:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from analyze_builders import EOS, Req, flip, logit_row, write_trace
+from support.analyze_builders import EOS, Req, flip, logit_row, write_trace
 
 from tracekit.analyze import Thresholds, diff
 from tracekit.errors import AlignmentError, ConfigError

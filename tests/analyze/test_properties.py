@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from analyze_builders import EOS, Req, write_trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.analyze_builders import EOS, Req, write_trace
 
 from tracekit.analyze import Thresholds, diff
 

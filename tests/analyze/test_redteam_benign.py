@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from redteam_builders import (
+from support.redteam_builders import (
     BASE,
     EOS,
     GREEDY,

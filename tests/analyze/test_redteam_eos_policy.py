@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from redteam_builders import (
+from support.redteam_builders import (
     BASE,
     EOS,
     GREEDY,

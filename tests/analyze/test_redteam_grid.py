@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from redteam_builders import (
+from support.redteam_builders import (
     BASE,
     GREEDY,
     NAN6,

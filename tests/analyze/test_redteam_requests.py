@@ -5,7 +5,7 @@ Builders and the method: redteam_builders.py."""
 
 from __future__ import annotations
 
-from redteam_builders import (
+from support.redteam_builders import (
     BASE,
     GREEDY,
     Case,

@@ -18,7 +18,7 @@ import sys
 
 import h5py
 import pytest
-from analyze_builders import EOS, Req, flip, logit_row, write_trace
+from support.analyze_builders import EOS, Req, flip, logit_row, write_trace
 
 from tracekit.analyze import assert_equivalent, diff
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from analyze_builders import Req, flip, write_trace
+from support.analyze_builders import Req, flip, write_trace
 
 from tracekit.analyze import diff
 from tracekit.errors import AlignmentError, ConfigError

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from capture_helpers import write_prompts  # noqa: E402
-from dialect_fields_shared import capture_cache, one_capture  # noqa: E402
+from support.capture_helpers import write_prompts
 
 from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 
@@ -28,16 +21,3 @@ def capture_to(tmp_path):
         return run_capture(CaptureConfig(url=url, prompts=pfile, out=str(out), **kw)), out
 
     return run
-
-
-# The dialect field tests (test_dialect_fields_*.py), one file per engine, share these two.
-@pytest.fixture(scope="module")
-def captured(tmp_path_factory):
-    """captured(variant) -> the capture of a variant of dialect_fields_shared.VARIANTS, made once per module."""
-    return capture_cache(tmp_path_factory.mktemp("fields"))
-
-
-@pytest.fixture
-def one(tmp_path):
-    """one(routes, prompt, stream, **options): a capture that is not shared."""
-    return one_capture(tmp_path)

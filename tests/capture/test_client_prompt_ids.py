@@ -19,9 +19,9 @@ import dataclasses
 import json
 
 import pytest
-from capture_helpers import TOKENIZER
 from click.testing import CliRunner
-from replay import ReplayServer, load, routes_for
+from support.capture_helpers import TOKENIZER
+from support.replay import ReplayServer, load, routes_for
 
 from tracekit.cli.inspect import cmd as inspect_cmd
 from tracekit.store import TraceReader

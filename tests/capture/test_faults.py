@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from capture_helpers import wait_ok_rows, write_prompts
-from replay import ReplayServer, routes_for
+from support.capture_helpers import wait_ok_rows, write_prompts
+from support.replay import ReplayServer, routes_for
 
 from tracekit.errors import TracekitError
 from tracekit.store import TraceReader

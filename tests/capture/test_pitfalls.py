@@ -10,8 +10,8 @@ import json
 from dataclasses import replace
 
 import pytest
-from capture_helpers import TOKENIZER
-from replay import ReplayServer, load, routes_for
+from support.capture_helpers import TOKENIZER
+from support.replay import ReplayServer, load, routes_for
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from capture_helpers import TOKENIZER, write_prompts
-from replay import ReplayServer, routes_for
+from support.capture_helpers import TOKENIZER, write_prompts
+from support.replay import ReplayServer, routes_for
 
 from tracekit.capture.prompts import load_prompts
 from tracekit.capture.tokens import TokenMapper

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from capture_helpers import write_prompts
-from replay import ReplayServer, routes_for
+from support.capture_helpers import write_prompts
+from support.replay import ReplayServer, routes_for
 
 from tracekit.capture.client import Outcome
 from tracekit.capture.postprocess import storable

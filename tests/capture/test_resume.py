@@ -3,13 +3,13 @@ before it. The states a kill leaves are built exactly (renames and a writer, as 
 them), without a clock: `.resume-prev` alone, `.resume-prev` beside the killed resume's empty
 `<out>`, and `.resume-prev` beside an `<out>` that already holds rows sent after the copy.
 Real sockets (the replay server), real HDF5 files; the SIGKILL version is
-tests/tracekit/test_capture_crash.py and bench/crash.py."""
+tests/capture/test_capture_crash.py and bench/crash.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from replay import ReplayServer, routes_for
+from support.replay import ReplayServer, routes_for
 
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader, TraceWriter, copy_requests

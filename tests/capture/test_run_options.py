@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from capture_helpers import TOKENIZER, wait_ok_rows, write_prompts
-from replay import ReplayServer, Transcript, load, routes_for
+from support.capture_helpers import TOKENIZER, wait_ok_rows, write_prompts
+from support.replay import ReplayServer, Transcript, load, routes_for
 
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from replay import load
+from support.replay import load
 
 from tracekit.capture.sse import SSEDecoder, SSEEvent
 

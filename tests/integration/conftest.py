@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from support import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from llamacpp import start_server, tiny_gguf  # noqa: E402
+llamacpp = load_file("scripts/llamacpp.py", "llamacpp")
+start_server, tiny_gguf = llamacpp.start_server, llamacpp.tiny_gguf
 
 from tracekit.capture.http import CaptureConfig, run_capture  # noqa: E402
 

@@ -1,0 +1,134 @@
+"""Every bench runs in CI: each bench/*.py and bench/gpu_study/*.py in its smallest mode, as a
+subprocess, must exit 0 and print its figures (the ratios it exists to measure).
+
+This catches benches broken by API changes (bench/engine_bench.py once died on a renamed
+attribute). Timing never fails here: a figure only has to be printed, whatever its value.
+Benches that need CUDA (or several GPUs) are skipped with the reason; bench/gpu_study runs
+through its CPU smoke modes (--smoke, --device cpu). A new bench is added to CASES or SKIPPED
+(test_every_bench_is_run_or_skipped_with_a_reason)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM = r"-?\d+(\.\d+)?"
+
+# A case: the steps it runs in order, each (script under bench/, argv, regexes its stdout+stderr
+# must match); {tmp} is the test's tmp_path (a later step reads what an earlier one wrote).
+# Sizes: the bench's --quick, or its own options set smaller where --quick is over a minute on
+# 2 cores (sensitivity) or the bench has no --quick (batch_invariant, grid_noise, crash).
+CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
+    "store_bench": [
+        ("store_bench.py", ["--quick"], [rf"bytes_vs_raw \(target <= 1.2\)\s*\|\s*{NUM}", rf"read_vs_npy.*\|\s*{NUM}"])
+    ],
+    "diff_bench": [("diff_bench.py", ["--quick"], [rf"{NUM}x slower", rf"diff = {NUM}x floor"])],
+    "engine_bench": [
+        ("engine_bench.py", ["--quick", "--repeats", "1"], [rf"speedup_c8 = {NUM}", rf"without HTTP: {NUM}"])
+    ],
+    "capture_bench": [("capture_bench.py", ["--quick"], [rf"cpu_per_token_vs_bare_c64: {NUM}"])],
+    "capture_soak": [("capture_soak.py", ["--quick"], [rf"rss_growth\s+{NUM}", r"ok\s+True"])],
+    "soak": [("soak.py", ["--quick"], [rf"rss_growth\s+{NUM}", r"ok\s+True"])],
+    "sensitivity": [
+        (
+            "sensitivity.py",
+            ["--quick", "--eps", "1e-2,1.0", "--runs", "2", "--max-tokens", "8"],
+            [rf"detect_eps {NUM}\s+false_alarm_rate {NUM}"],
+        )
+    ],
+    "diagnostic_bench": [("diagnostic_bench.py", ["--quick"], [rf"vs_independent_forwards \(worst\) = {NUM}"])],
+    "batch_invariant": [("batch_invariant.py", ["--max-tokens", "4"], [rf'"throughput_ratio_c8": {NUM}'])],
+    "grid_noise": [
+        ("grid_noise.py", ["--max-tokens", "4", "--dtypes", "fp32"], [rf"mean tolerance needed \(max 0.5\): {NUM}"])
+    ],
+    # --repeat 2: with --repeat 1 the capture's keys carry no #r suffix and the bench's plan misses them
+    "crash": [
+        (
+            "crash.py",
+            ["--kills", "1", "--run-kills", "1", "--repeat", "2"],
+            [r"capture: 1/1 kills survived", r"run: 1/1"],
+        )
+    ],
+    "gpu_study_models": [
+        (
+            "gpu_study/models.py",
+            ["--out", "{tmp}/models", "--models", "qwen3-0.6b", "--stats-only", "", "--smoke"],
+            [rf"median_top2_gap_nats': {NUM}"],
+        )
+    ],
+    "gpu_study_tp": [
+        (
+            "gpu_study/tp.py",
+            ["--out", "{tmp}/tp", "--models-dir", "{tmp}/models", "--model", "qwen3-0.6b", "--prompts", "1"]
+            + ["--max-tokens", "4", "--device", "cpu", "--backend", "gloo", "--smoke"],
+            [rf"fp32 full: .* max\|dlogit\| {NUM}"],
+        ),
+        ("gpu_study/tp_compare.py", ["{tmp}/tp/tp1.h5", "{tmp}/tp/tp2.h5"], [rf"max \|dlogit\| over top-k {NUM}"]),
+    ],
+    # study.py's phases in two cases of about a minute each (all five in one: ~2 minutes on 2 cores)
+    "gpu_study_study_checks": [
+        (
+            "gpu_study/study.py",
+            ["--out", "{tmp}/study", "--models-dir", "{tmp}/models", "--device", "cpu", "--smoke"]
+            + ["--phases", "build,checks,repro", "--build-models", "qwen3-0.6b,qwen3-4b"],
+            [r"phase checks: done", r"phase repro: done", r"all phases done"],
+        ),
+    ],
+    "gpu_study_study_matrix": [
+        (
+            "gpu_study/study.py",
+            ["--out", "{tmp}/study", "--models-dir", "{tmp}/models", "--device", "cpu", "--smoke"]
+            + ["--phases", "build,matrix,lanes", "--build-models", "qwen3-0.6b", "--targets", "qwen3-06b"],
+            [r"phase matrix: done", r"phase lanes: done", r"all phases done"],
+        ),
+        ("gpu_study/summarize.py", ["--study", "{tmp}/study", "--dst", "{tmp}/summary"], [rf"\| predicted .*\| {NUM}"]),
+    ],
+}
+CUDA = "needs CUDA (a GPU job)"
+SKIPPED = {
+    "decode_repro.py": CUDA,
+    "diagnostic_profile.py": CUDA + ": profiles CUDA kernels",
+    "multi_gpu_check.py": "needs >= 2 GPUs and accelerate",
+}
+
+
+def test_every_bench_is_run_or_skipped_with_a_reason():
+    """A new bench is added here (its smallest mode, or why CI cannot run it)."""
+    found = {str(p.relative_to(ROOT / "bench")) for p in (ROOT / "bench").glob("*.py")}
+    found |= {str(p.relative_to(ROOT / "bench")) for p in (ROOT / "bench" / "gpu_study").glob("*.py")}
+    found.discard("gpu_study/__init__.py")
+    run = {script for steps in CASES.values() for script, _, _ in steps}
+    run |= {"gpu_study/engine_checks.py", "gpu_study/lanes.py"}  # study.py's checks and lanes phases
+    assert not run & set(SKIPPED)
+    assert found == run | set(SKIPPED)
+
+
+@pytest.mark.parametrize("script", sorted(SKIPPED))
+def test_bench_needs_a_gpu(script):
+    pytest.skip(f"{script}: {SKIPPED[script]}")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bench_quick_mode_runs(case, tmp_path):
+    """Exit 0 and the figures printed; the figures' values are the bench's business, not CI's."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for script, args, figures in CASES[case]:
+        args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / script), *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=600,
+        )
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, f"{script} exited {r.returncode}:\n{out[-4000:]}"
+        for pat in figures:
+            assert re.search(pat, out), f"{script} did not print /{pat}/:\n{out[-4000:]}"
