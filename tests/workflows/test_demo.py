@@ -16,7 +16,7 @@ from tracekit.analyze.matrix_report import CellRow
 from tracekit.rundir import Cell, CellRecord, DiffRef, DiffSummary, LoadedCell, PairEvidence, RunDir
 from tracekit.workflows.matrix import side_histories
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(dtype: str, identical: int, pairs: int = 8, flips: int = 0, target: str = "ref") -> CellRow:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 FAULT = "ref-fault.fp32.cache-on.cpu_small.out32.c8"
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from tracekit.rundir import RunDir
 from tracekit.workflows.explain import ExplainOptions, explain_run_cells
 from tracekit.workflows.matrix import run
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 MATRIX = """
 name = "variants"
 [run]
