@@ -4,7 +4,7 @@ The sides (sides.py) hold each trace's selected rows and columns. This module
 decides which rows are compared and whether a pair is comparable at all:
 missing, failed, an ambiguous key, different prompts, sampled, asked
 differently, a teacher-forced replay of other tokens, unknown token ids. It
-does not classify (classify.py) or print (report.py).
+does not classify (classify.py) or print (diff_report.py).
 """
 
 from __future__ import annotations

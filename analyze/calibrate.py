@@ -23,7 +23,7 @@ from tracekit.calibration import NATS_EDGES, STEP_EDGES, Calibration, GapBins
 from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError
 from tracekit.files import sha256_file
-from tracekit.stats import percentiles
+from tracekit.percentiles import percentiles
 from tracekit.store import TraceReader
 
 from .align import align, load_side

@@ -34,6 +34,7 @@ import numpy as np
 
 from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError
+from tracekit.verdicts import PRECEDENCE
 
 from . import evidence
 from .align import Alignment
@@ -42,7 +43,7 @@ from .grid import FLOOR_ABS, on_grid
 from .positions import chosen_values, drift, drift_ok, eos_before, first_divergence
 from .streams import truncation
 
-CLASSES = ("incomparable", "identical", "post_eos", "bf16_tie_flip", "cache_boundary", "unexplained")
+CLASSES = tuple(v.value for v in PRECEDENCE)  # the order the rules decide in (tracekit/verdicts.py)
 
 
 @dataclass(frozen=True)

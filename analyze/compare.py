@@ -1,6 +1,6 @@
 """`diff(a, b)`: read two traces, align them by key, classify every pair.
 
-Nothing here prints; report.py formats a DiffResult. Readers opened here are
+Nothing here prints; diff_report.py formats a DiffResult. Readers opened here are
 closed before returning (a DiffResult holds numbers only). This is also where
 the facts a verdict depends on are gathered, each with its source: the EOS ids
 (never guessed) and each trace's dtype (the grid its distances are counted on).
@@ -18,6 +18,7 @@ from tracekit.calibration import Calibration
 from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError
 from tracekit.store import TraceReader, read_token_rows
+from tracekit.verdicts import BENIGN
 
 from .align import Side, align, load_side, parse_select
 from .classify import Thresholds, classify
@@ -234,7 +235,7 @@ UNCALIBRATED = (
 )
 
 
-BENIGN_REFUTABLE = ("identical", "post_eos", "bf16_tie_flip", "cache_boundary")
+BENIGN_REFUTABLE = ("identical", *(v.value for v in BENIGN))  # classes a refuting check turns unexplained
 
 
 def _refute(cols, reasons: np.ndarray, what: str) -> None:

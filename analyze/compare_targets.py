@@ -35,7 +35,7 @@ def _ratio(a, b):
 
 def matched(rows: Iterable) -> list[dict]:
     """One entry per (cell axes, other target): both targets' figures and other ÷ reference.
-    rows: tracekit.analyze.matrix_report.CellRow (cell, perf, equality())."""
+    rows: tracekit.analyze.run_report.CellRow (cell, perf, equality())."""
     rows = list(rows)
     targets = list(dict.fromkeys(r.cell.target for r in rows))
     if len(targets) < 2:

@@ -14,11 +14,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tracekit.verdicts import BENIGN as _BENIGN
+
 from . import explain_cells
 from .explain_cells import CellCauses
-from .matrix_report import CellRow, Report, pair_table, text_table
+from .run_report import CellRow, Report, pair_table, text_table
 
-BENIGN = ("bf16_tie_flip", "cache_boundary", "post_eos")
+BENIGN = tuple(v.value for v in _BENIGN)  # tracekit/verdicts.py
 STDOUT_FILE = "demo_stdout.txt"
 
 

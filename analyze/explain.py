@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit.store import TraceReader
+from tracekit.verdicts import BENIGN as _BENIGN
 
 from .explain_runs import Scorer, VariantCount, read_reference_rows, read_teacher, read_variants
 from .grid import pair_grids
@@ -65,7 +66,7 @@ def numeric_bound(cal) -> float:
     return max(2.0 * max(drift, cal.flip_gap_max_nats), 1e-6)
 
 
-BENIGN = ("bf16_tie_flip", "cache_boundary", "post_eos")
+BENIGN = tuple(v.value for v in _BENIGN)  # tracekit/verdicts.py
 OK_KINDS = ("nondeterminism", "prefix_reuse", "batch_composition", "cache_history")
 
 
@@ -111,10 +112,6 @@ class PairExplanation:
             "teacher": self.teacher,
             "evidence": list(self.evidence),
         }
-
-
-def _frac(vc: VariantCount | None, what: str) -> str:
-    return "n/a" if vc is None else f"{getattr(vc, what)}/{vc.n}"
 
 
 def _where(b: int) -> str:

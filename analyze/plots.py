@@ -19,17 +19,11 @@ from tracekit.dtypes import NAMES as DTYPE_NAMES
 from tracekit.errors import ConfigError
 from tracekit.rundir import Cell, DiffSummary, LoadedCell, PairEvidence, RunDir
 from tracekit.store import TraceReader
+from tracekit.verdicts import NAMES, Verdict
 
-# Column / legend order: the benign classes, then the failing ones.
-ORDER = ("identical", "bf16_tie_flip", "cache_boundary", "post_eos", "unexplained", "incomparable")
-COLORS = {
-    "identical": "#9e9e9e",
-    "post_eos": "#8e24aa",
-    "bf16_tie_flip": "#1e88e5",
-    "cache_boundary": "#43a047",
-    "unexplained": "#e53935",
-    "incomparable": "#fb8c00",
-}
+# Column / legend order and colours: the verdict vocabulary's (tracekit/verdicts.py).
+ORDER = NAMES
+COLORS = {v.value: v.colour for v in Verdict}
 
 
 MARKERS = ("s", "o", "^")  # one per tracekit.dtypes name: fp32, bf16, fp16

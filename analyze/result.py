@@ -14,6 +14,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tracekit.verdicts import FAILING as _FAILING
+from tracekit.verdicts import NAMES
+
 from .classify import CLASSES, Thresholds
 from .grid import Grid
 from .rules import rule_text
@@ -21,7 +24,7 @@ from .rules import rule_text
 __all__ = ["SCHEMA", "FAILING", "PairResult", "DiffResult", "rule_text"]
 
 SCHEMA = "tracekit.diff/2"
-FAILING = ("unexplained", "incomparable")
+FAILING = tuple(v.value for v in _FAILING)  # tracekit/verdicts.py
 
 
 def _f(x: float) -> float | None:
@@ -238,7 +241,7 @@ class DiffResult:
 
     def to_json(self, only: Sequence[str] | None = None) -> dict[str, Any]:
         s = self.counts()
-        order = ("pairs", "identical", "post_eos", "bf16_tie_flip", "cache_boundary", "unexplained", "incomparable")
+        order = ("pairs", *NAMES)
         th = self.thresholds_json()
         return {
             "schema": SCHEMA,

@@ -31,7 +31,7 @@ def assert_equivalent(a, b, allow: set[str] | frozenset[str] | tuple = (), max_l
     ok = allow | {"identical"}
     bad = [p for p in result.pairs if p.cls not in ok]
     if bad:
-        from .report import summary_line
+        from .diff_report import summary_line
 
         lines = [
             f"{len(bad)} pair(s) of {os.fspath(result.b)} vs {os.fspath(result.a)} not in "

@@ -23,8 +23,8 @@ import aiohttp
 import numpy as np
 
 from tracekit.errors import ConfigError
+from tracekit.percentiles import percentiles
 from tracekit.schema import Layout, RequestRecord, RunMeta, prompt_hash
-from tracekit.stats import percentiles
 from tracekit.store import TraceWriter
 
 from . import dialects, metrics, resume, runmeta

@@ -104,7 +104,8 @@ def cmd(
         raise click.UsageError("give at least two traces: A (the reference) and B")
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
-    from tracekit.analyze import diff, report
+    from tracekit.analyze import diff
+    from tracekit.analyze import diff_report as report
     from tracekit.analyze.classify import Thresholds
     from tracekit.calibration import read_calibration
     from tracekit.errors import TracekitError

@@ -28,7 +28,7 @@ def cmd(directory, as_json, pair, no_plots) -> int:
     """Write DIR/report/report.md (paste-ready for a PR), summary.json and
     plots (classes.png, gaps.png, drift.png); print the markdown (or --json).
     Exit 1 when any cell fails (unexplained / incomparable pairs, failed checks)."""
-    from tracekit.analyze.matrix_report import write_report
+    from tracekit.analyze.run_report import write_report
 
     sel = None
     if pair:

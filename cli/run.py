@@ -1,5 +1,5 @@
 """`tracekit run MATRIX.toml --out DIR`: run every cell of a matrix (tracekit.workflows.matrix.run),
-then write the report (tracekit.analyze.matrix_report).
+then write the report (tracekit.analyze.run_report).
 
 Exit 0 when every cell passes, 1 when any cell has an unexplained or
 incomparable pair or a failed check, 2 usage, 3 tool error (bad matrix).
@@ -27,7 +27,7 @@ def cmd(matrix, out, as_json) -> int:
     """Run a matrix file (docs/runner.md): per cell a serial baseline, a
     concurrent burst, their diff and lifecycle checks; everything under --out
     with a manifest, and the report in OUT/report/."""
-    from tracekit.analyze.matrix_report import text_table, write_report
+    from tracekit.analyze.run_report import text_table, write_report
     from tracekit.capture.matrix import load_matrix
     from tracekit.workflows.matrix import run
 

@@ -16,7 +16,7 @@ Examples:
 
 @click.command(epilog=EPILOG)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.stats/1).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.percentiles/1).")
 @click.option(
     "--reference",
     type=click.Choice(["mode", "r0"]),
@@ -30,9 +30,9 @@ def cmd(files, as_json, reference, plot) -> int:
     one prompt are pooled across FILES): unique completions per prompt, where they first
     split from the reference, and the flip rate as a function of the reference's top-2 gap
     at that position. Exit 0 when it ran (a split is the finding, not a failure)."""
-    from tracekit.analyze.stats import reproducibility
-    from tracekit.analyze.stats_report import plot as plot_png
-    from tracekit.analyze.stats_report import text_report
+    from tracekit.analyze.repeats import reproducibility
+    from tracekit.analyze.repeats_report import plot as plot_png
+    from tracekit.analyze.repeats_report import text_report
 
     result = reproducibility(list(files), reference=reference)
     if plot:

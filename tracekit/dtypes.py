@@ -22,13 +22,12 @@ class DType:
     torch_name: str  # attribute of the torch module
     bytes: int  # storage per element
     mantissa_bits: int  # stored significand bits (the implicit leading 1 not counted)
-    min_exp: int  # exponent of the smallest normal number: 2**min_exp
 
 
 DTYPES: dict[str, DType] = {
-    "fp32": DType("fp32", "float32", 4, 23, -126),
-    "bf16": DType("bf16", "bfloat16", 2, 7, -126),
-    "fp16": DType("fp16", "float16", 2, 10, -14),
+    "fp32": DType("fp32", "float32", 4, 23),
+    "bf16": DType("bf16", "bfloat16", 2, 7),
+    "fp16": DType("fp16", "float16", 2, 10),
 }
 NAMES = tuple(DTYPES)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tracekit.analyze import explain_cells
 from tracekit.analyze.demo_report import demo_page, demo_verdict, write_demo_page
-from tracekit.analyze.matrix_report import write_report
+from tracekit.analyze.run_report import write_report
 from tracekit.capture.matrix import Matrix, load_matrix
 from tracekit.errors import TracekitError
 from tracekit.rundir import RunDir, now_utc

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracekit import __version__
-from tracekit.analyze.matrix_report import diff_document
+from tracekit.analyze.run_report import diff_document
 from tracekit.capture.matrix.cells import log, run_matrix
 from tracekit.capture.matrix.spec import Matrix
 from tracekit.errors import TracekitError

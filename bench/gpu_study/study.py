@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     for name in phases:
         phase(name, steps[name], out, results)
     if "matrix" in phases and (out / "run" / "manifest.json").exists():
-        from tracekit.analyze.matrix_report import write_report
+        from tracekit.analyze.run_report import write_report
 
         write_report(out / "run")
         log("report written: run/report/report.md")

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from tracekit.analyze.compare import diff
+from tracekit.analyze.diff_report import json_doc, text
 from tracekit.analyze.eos_policy import family, ignore_eos_note
-from tracekit.analyze.report import json_doc, text
 from tracekit.store import TraceReader
 
 HERE = Path(__file__).resolve().parents[2] / "traces" / "ignore-eos"

@@ -1,11 +1,11 @@
-"""The matrix report shows what each burst capture recorded about itself (analyze/matrix_sections.py):
+"""The matrix report shows what each burst capture recorded about itself (analyze/run_report_sections.py):
 prefix reuse per request where the engine reports cached tokens, else its /metrics hit counter over
 the capture (run.prefix_cache_counters), and the pitfalls the captures warned of, once each with the
 cells they apply to. The whole page against a real run is tests/capture/matrix/test_run_e2e.py."""
 
 from __future__ import annotations
 
-from tracekit.analyze.matrix_sections import pitfalls, reuse
+from tracekit.analyze.run_report_sections import pitfalls, reuse
 
 COUNTERS = {"family": "vllm", "hits": "vllm:prefix_cache_hits_total", "hits_delta": 96.0, "queries_delta": 200.0}
 

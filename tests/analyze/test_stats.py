@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.analyze_builders import Req, flip, write_trace
 
-from tracekit.analyze.stats import first_divergence, reproducibility, split_key  # noqa: E402
+from tracekit.analyze.repeats import first_divergence, reproducibility, split_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,7 +98,7 @@ def test_cli_json_plot_and_errors(tmp_path):
     out = _cli(path, "--json", "--plot", str(png))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)  # stdout is exactly one JSON document
-    assert doc["schema"] == "tracekit.stats/1" and doc["unique"] == 2 and doc["first_split"] == 1
+    assert doc["schema"] == "tracekit.percentiles/1" and doc["unique"] == 2 and doc["first_split"] == 1
     assert doc["split_positions"]["histogram"] == {"1": 1}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = _cli(path)

@@ -10,7 +10,7 @@ import pytest
 
 from bench.gpu_study import lanes, models
 from tracekit import modelinfo
-from tracekit.analyze.matrix_report import write_report
+from tracekit.analyze.run_report import write_report
 from tracekit.capture.matrix import load_matrix
 from tracekit.workflows.matrix import run
 

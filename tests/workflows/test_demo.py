@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.analyze.demo_report import demo_verdict
-from tracekit.analyze.matrix_report import CellRow
+from tracekit.analyze.run_report import CellRow
 from tracekit.rundir import Cell, CellRecord, DiffRef, DiffSummary, LoadedCell, PairEvidence, RunDir
 from tracekit.workflows.matrix import side_histories
 

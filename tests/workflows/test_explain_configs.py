@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyze.matrix_report import write_report
+from tracekit.analyze.run_report import write_report
 from tracekit.capture.explain.engines import configurations
 from tracekit.capture.matrix import load_matrix
 from tracekit.errors import ConfigError

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..schema import redact
+from ..verdicts import FAILING as _FAILING
+from ..verdicts import NAMES
 
 VERSION = 2  # of the whole directory: every JSON file of a run carries the same version
 MANIFEST = "manifest.json"
@@ -18,8 +20,8 @@ STATUSES = ("pass", "fail", "skip")
 DIFF_SCHEMA = "tracekit.diff"  # written by analyze (DiffResult.to_json); read here for the report
 DIFF_VERSION = 2  # versions 1 and 2 hold every field read here (the summary and PairEvidence's)
 # tracekit.diff "summary": the pair count and one count per class (analyze/classify.py CLASSES).
-DIFF_CLASSES = ("identical", "post_eos", "bf16_tie_flip", "cache_boundary", "unexplained", "incomparable")
-FAILING = ("unexplained", "incomparable")
+DIFF_CLASSES = NAMES  # the verdict vocabulary (tracekit/verdicts.py)
+FAILING = tuple(v.value for v in _FAILING)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.analyze import CLASSES
-from tracekit.analyze.matrix_report import write_report
+from tracekit.analyze.run_report import write_report
 from tracekit.errors import SchemaVersionError, TraceFormatError
 from tracekit.rundir import (
     DIFF_CLASSES,

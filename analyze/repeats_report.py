@@ -1,5 +1,5 @@
 """How `tracekit stats` shows a `StatsResult`: the text tables and the PNG (matplotlib,
-Agg, imported lazily). The numbers are computed in `tracekit.analyze.stats`."""
+Agg, imported lazily). The numbers are computed in `tracekit.analyze.repeats`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stats import StatsResult
+from .repeats import StatsResult
 
 
 def plot(result: StatsResult, path: str | Path) -> Path:

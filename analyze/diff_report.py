@@ -14,10 +14,12 @@ from typing import Callable, Sequence
 
 from tabulate import tabulate
 
-from .result import SCHEMA, DiffResult, PairResult
+from tracekit.verdicts import DIVERGENT
+
+from .result import SCHEMA, DiffResult
 
 # Order of the summary line after "N/P identical".
-SUMMARY_ORDER = ("bf16_tie_flip", "post_eos", "cache_boundary", "unexplained", "incomparable")
+SUMMARY_ORDER = tuple(v.value for v in DIVERGENT)  # the verdict vocabulary's order (tracekit/verdicts.py)
 Decoder = Callable[[int], str]
 LEGEND = (
     "gap: how far each side's own token lies above the other side's token in that trace "
@@ -198,7 +200,3 @@ def json_doc(results: Sequence[DiffResult | Failed], only: Sequence[str] | None 
     if len(results) == 1:
         return results[0].to_json(only)
     return {"schema": SCHEMA, "a": results[0].a, "comparisons": [r.to_json(only) for r in results]}
-
-
-def pair_line(p: PairResult) -> str:
-    return f"{p.key}: {p.cls} {'' if p.position is None else 'at ' + str(p.position)} {p.rule}"

@@ -20,7 +20,7 @@ top-2 gaps says how fragile the run is. Per prompt:
 Headline, after Thinking Machines' "1000 completions -> 80 unique, first split
 at token 103": `1600 completions of 8 prompts -> 23 unique, first split at
 token 5`. Pure numpy over the stored columns; tables and the PNG are in
-`analyze/stats_report.py`.
+`analyze/repeats_report.py`.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class StatsResult:
     def to_json(self) -> dict:
         pos = self.split_positions
         return {
-            "schema": "tracekit.stats/1",
+            "schema": "tracekit.percentiles/1",
             "paths": list(self.paths),
             "headline": self.headline(),
             "reference": self.reference,

@@ -1,4 +1,4 @@
-"""The parts of the matrix report page (analyze/matrix_report.py) that describe the run rather
+"""The parts of the matrix report page (analyze/run_report.py) that describe the run rather
 than its cells: what A and B are, the pair table's legend, the pitfalls each capture warned of,
 the setup (tool, host, engines) and the plots. Text only; reads nothing.
 """

@@ -19,12 +19,13 @@ from typing import Any, Mapping
 from tabulate import tabulate
 
 from tracekit.errors import TraceFormatError
+from tracekit.percentiles import percentiles
 from tracekit.rundir import FAILING, LoadedCell, Manifest, PairEvidence, RunDir
-from tracekit.stats import percentiles
 from tracekit.store import TraceReader
+from tracekit.verdicts import DIVERGENT, Verdict
 
 from . import compare_targets, explain_cells
-from . import matrix_sections as sections
+from . import run_report_sections as sections
 from .classify import CLASSES
 
 SCHEMA = "tracekit.matrix-report/1"
@@ -196,6 +197,16 @@ def _fmt(x, suffix="") -> str:
     return "" if x is None else f"{x:g}{suffix}"
 
 
+# the report's short column heads, in the verdict vocabulary's order (tracekit/verdicts.py)
+SHORT = {
+    Verdict.BF16_TIE_FLIP: "tie flip",
+    Verdict.POST_EOS: "post EOS",
+    Verdict.CACHE_BOUNDARY: "cache bnd",
+    Verdict.UNEXPLAINED: "unexpl.",
+    Verdict.INCOMPARABLE: "incomp.",
+}
+
+
 def table_rows(rows: list[CellRow]) -> tuple[list[str], list[list[str]]]:
     head = [
         "cell",
@@ -203,11 +214,7 @@ def table_rows(rows: list[CellRow]) -> tuple[list[str], list[list[str]]]:
         "cache",
         "conc",
         "identical",
-        "tie flip",
-        "cache bnd",
-        "post EOS",
-        "unexpl.",
-        "incomp.",
+        *(SHORT[v] for v in DIVERGENT),
         "reuse",
         "checks",
         "tok/s",
@@ -226,10 +233,7 @@ def table_rows(rows: list[CellRow]) -> tuple[list[str], list[list[str]]]:
                 "on" if c.prefix_cache else "off",
                 str(c.concurrency),
                 r.equality(),
-                *(
-                    str(counts.get(k, "—"))
-                    for k in ("bf16_tie_flip", "cache_boundary", "post_eos", "unexplained", "incomparable")
-                ),
+                *(str(counts.get(k, "—")) for k in (v.value for v in DIVERGENT)),
                 sections.reuse(r.facts),
                 _checks_cell(r),
                 _fmt(p.get("tokens_per_s")),
