@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit.store import TraceReader
+from tracekit.variants import ALONE, BURST, COLD, Variant
 from tracekit.verdicts import BENIGN as _BENIGN
 
 from .explain_runs import Scorer, VariantCount, read_reference_rows, read_teacher, read_variants
@@ -120,19 +121,19 @@ def _where(b: int) -> str:
 
 def _side_variant(counts: dict, config: str, b: int) -> VariantCount | None:
     """The alone run at boundary b: warm:b, or the cold run for b == 0."""
-    if b == 0:
-        return counts.get((config, "alone:cold"))
-    return counts.get((config, f"warm:{b}")) if b > 0 else None
+    v = Variant.alone_at(b)
+    return None if v is None else counts.get((config, str(v)))
 
 
 def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates: int) -> tuple[str, str]:
     """(kind, cause text) by the rules of the module docstring, for the `engine` config."""
     ba, bb = int(p["boundary_a"]), int(p["boundary_b"])
     eng = {v: c for (cfg, v), c in counts.items() if cfg == "engine"}
-    alone = [c for v, c in eng.items() if v != "burst"]
+    alone = [c for v, c in eng.items() if Variant.parse(v).alone]
     for c in alone:
         if c.a and c.b:
-            at = c.variant.removeprefix("warm:") if c.variant.startswith("warm:") else c.variant
+            v = Variant.parse(c.variant)
+            at = str(v.boundary) if v.kind == "warm" else str(v)
             return "nondeterminism", (
                 f"cause: run-to-run nondeterminism — alone ({at}), B's token in {c.b}/{c.n} runs, A's in {c.a}/{c.n}"
             )
@@ -142,7 +143,7 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
             f"cause: prefix reuse — B's token in {vb.b_numeric}/{vb.n} alone at B's boundary {_where(bb)}, "
             f"0/{va.n} at A's boundary {_where(ba)}"
         )
-    burst = eng.get("burst")
+    burst = eng.get(str(BURST))
     if burst is not None and burst.b_numeric and vb is not None and not vb.b:
         if burst.err is not None and vb.err is not None:
             floor = FLOOR.get(b_dtype, FLOOR["bf16"])
@@ -191,7 +192,7 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
         for c in eng.values()
         if c.early
     ]
-    gaps = [g for c in eng.values() if c.variant != "burst" for g in c.gaps]
+    gaps = [g for c in eng.values() if Variant.parse(c.variant).alone for g in c.gaps]
     if gaps:
         lo, hi = min(gaps), max(gaps)
         span = f"{lo:.3g}" if lo == hi else f"{lo:.3g}-{hi:.3g}"
@@ -206,7 +207,7 @@ def right_side(p: dict, teacher: dict[str, int], counts: dict) -> tuple[str, str
     majority token of the FP32 configuration's cold runs."""
     ref, what = teacher.get("full fp32"), "the FP32 full-history argmax (teacher-forced)"
     if ref is None:
-        c = counts.get(("fp32", "alone:cold")) or counts.get(("fp32", "alone"))
+        c = counts.get(("fp32", str(COLD))) or counts.get(("fp32", str(ALONE)))
         if c is not None and max(c.a, c.b) > c.n / 2:
             ref = p["token_a"] if c.a > c.b else p["token_b"]
             what = f"the FP32 configuration's alone runs ({max(c.a, c.b)}/{c.n})"
@@ -348,13 +349,7 @@ def explain(
                 )
             )
         for c in counts.values():
-            want = (
-                int(c.variant.split(":")[1])
-                if c.variant.startswith("warm:")
-                else 0
-                if c.variant == "alone:cold"
-                else None
-            )
+            want = Variant.parse(c.variant).boundary_wanted
             if c.config == "engine" and want is not None and set(c.boundaries) - {want}:
                 ev.append(f"{c.variant} runs reported reused prefixes {dict(c.boundaries)}, not only {want}")
         if loud:

@@ -36,6 +36,7 @@ from tracekit.errors import ConfigError
 from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RunMeta
 from tracekit.store import TraceWriter
+from tracekit.variants import ALONE, BURST, COLD, Variant
 
 from .. import dialects
 from ..client import Clock, Outcome, finish, make_session, send
@@ -149,7 +150,7 @@ def priming(prompt, b: int) -> list[int]:
 
 
 async def _alone(s: _Sender, tg: Target, r: int) -> None:
-    variant = "alone:cold" if s.cache.available else "alone"
+    variant = str(COLD if s.cache.available else ALONE)
     await s.flush()
     spec = s.spec(f"{tg.key}@{variant}#r{r}", tg.prompt, tg.max_tokens, tg.ignore_eos, cold=True)
     await s.group([spec], [{"target": tg.key, "variant": variant, "role": "target", "repeat": r}])
@@ -166,9 +167,10 @@ def warm_boundaries(tg: Target) -> list[int]:
 
 async def _warm(s: _Sender, tg: Target, b: int, r: int) -> None:
     await s.flush()
-    await s.prime(tg, tg.prompt, b, r, f"warm:{b}", tg.key)
+    warm = str(Variant("warm", b))
+    await s.prime(tg, tg.prompt, b, r, warm, tg.key)
     spec = s.spec(f"{tg.key}@warm:{b}#r{r}", tg.prompt, tg.max_tokens, tg.ignore_eos)
-    await s.group([spec], [{"target": tg.key, "variant": f"warm:{b}", "role": "target", "repeat": r}])
+    await s.group([spec], [{"target": tg.key, "variant": warm, "role": "target", "repeat": r}])
 
 
 async def _burst(s: _Sender, tg: Target, r: int) -> None:
@@ -177,12 +179,12 @@ async def _burst(s: _Sender, tg: Target, r: int) -> None:
     for key, prompt, b in [(tg.key, tg.prompt, tg.boundary_b)] + [(m.key, m.prompt, m.boundary) for m in tg.mates]:
         if 0 < b < len(prompt) and tuple(prompt[:b]) not in primed:
             primed.add(tuple(prompt[:b]))
-            await s.prime(tg, prompt, b, r, "burst", key)
+            await s.prime(tg, prompt, b, r, str(BURST), key)
     specs = [s.spec(f"{tg.key}@burst#r{r}", tg.prompt, tg.max_tokens, tg.ignore_eos)]
-    tags = [{"target": tg.key, "variant": "burst", "role": "target", "repeat": r}]
+    tags = [{"target": tg.key, **BURST.to_params(), "role": "target", "repeat": r}]
     for m in tg.mates:
         specs.append(s.spec(f"{m.key}@burst[{tg.key}]#r{r}", m.prompt, max(m.max_tokens, tg.max_tokens), tg.ignore_eos))
-        tags.append({"target": tg.key, "variant": "burst", "role": "mate", "repeat": r, "mate": m.key})
+        tags.append({"target": tg.key, **BURST.to_params(), "role": "mate", "repeat": r, "mate": m.key})
     # Sent in B's order (requests start in list order), all at once.
     rank = tg.order or tuple(range(len(specs)))
     order = sorted(range(len(specs)), key=lambda i: rank[i])
