@@ -14,6 +14,18 @@ from tracekit.errors import ConfigError
 from .model import ATTNS
 
 
+def hf_config(model_dir: str):
+    """(the model directory's HF config, its text config) or a ConfigError that names the directory."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{model_dir}: not an HF model directory ({first})") from None
+    return cfg, getattr(cfg, "get_text_config", lambda: cfg)()
+
+
 @dataclass(frozen=True)
 class TeacherConfig:
     """One teacher-forced run. Strings are the command line's (`history="full,decode"`,

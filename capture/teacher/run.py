@@ -15,7 +15,7 @@ from tracekit.modelinfo import eos_token_ids
 
 from ..prompts import Prompt, load_prompts
 from . import tp
-from .config import TeacherConfig
+from .config import TeacherConfig, hf_config
 from .diagnostic import DiagnosticConfig, check_full_logits_size, full_logits_bytes, run_diagnostic
 from .history import parse_dtypes, parse_histories
 from .model import load_model
@@ -66,15 +66,7 @@ def run_teacher(cfg: TeacherConfig, rank: Rank | None = None) -> DiagnosticSumma
 
 
 def _vocab_size(model_dir: str) -> int:
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{model_dir}: not an HF model directory ({first})") from None
-    text = getattr(cfg, "get_text_config", lambda: cfg)()
-    return int(text.vocab_size)
+    return int(hf_config(model_dir)[1].vocab_size)
 
 
 def _note_own_max_tokens(prompt_list: list[Prompt], max_tokens: int) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tracekit.errors import ConfigError, TracekitError
 
-from .config import TeacherConfig
+from .config import TeacherConfig, hf_config
 from .records import DiagnosticSummary, Rank
 
 BACKENDS = ("gloo", "nccl")
@@ -117,14 +117,8 @@ def check_plan(model_dir: str, tp: int) -> None:
     splits: the attention and key/value heads (q/k/v are split by columns, a whole number of heads a
     rank) and the vocabulary (the LM head's columns, gathered)."""
     import transformers
-    from transformers import AutoConfig
 
-    try:
-        cfg = AutoConfig.from_pretrained(model_dir)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{model_dir}: not an HF model directory ({first})") from None
-    text = getattr(cfg, "get_text_config", lambda: cfg)()
+    cfg, text = hf_config(model_dir)
     plan = getattr(text, "base_model_tp_plan", None) or getattr(cfg, "base_model_tp_plan", None)
     if not plan:
         raise ConfigError(
