@@ -5,7 +5,7 @@ of order, a logprob above 0, a top-k whose mass exceeds 1, a reused-prefix count
 block boundary) can make a bug look benign, so each is checked on every row, not only at
 the first difference:
 
-  topk_order    each top-k row's logprobs non-increasing (NaN padding at the end allowed)
+  topk_order    each top-k row's logprobs non-increasing (within 1e-3 nats; NaN padding at the end)
   logprob_sign  chosen logprobs and top-k logprobs <= 0 (+ 1e-3)
   row_mass      logsumexp of each top-k row <= 0 (+ log 1.01): probabilities sum to <= 1.01
   cached_tokens <= the prompt's length, and a multiple of the engine's KV block size where
@@ -25,6 +25,9 @@ from .evidence import POSITIVE_LIMIT, SUM_LIMIT
 # The same limits as the rows at the first difference (evidence.py): one home each.
 LP_TOL = POSITIVE_LIMIT  # a logprob above this is a probability above 1 (rounding gives ~1e-6)
 MASS_TOL = float(np.log(SUM_LIMIT))  # a top-k mass above 1.01 is no rounding
+# An entry may exceed one listed before it by rounding only (float32 / BF16 storage of values
+# the engine ranked in higher precision); a swap of real candidates is larger than this.
+ORDER_TOL = POSITIVE_LIMIT
 
 
 def _first(mask: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,43 +40,39 @@ def _first(mask: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int) -> tuple[
 
 
 def _rows_checks(side, idx: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int, label: str) -> np.ndarray:
-    """Per pair the reason of the first failed row check of one side ('' when none)."""
+    """Per pair the reason of the first failed row check of one side ('' when none).
+    Float32 and adjacent comparisons only: this runs over every compared row [T, k]."""
     out = np.full(P, "", dtype=object)
     if not len(idx) or side.meta.source == "teacher_forced":
         return out
-    lps = side.reader.column("topk_logprob")[idx].astype(np.float64)  # [T, k]
+    lps = side.reader.column("topk_logprob")  # [N, k] float32, the whole file: no [T, k] copy
     if lps.ndim != 2 or lps.shape[1] == 0:
         return out  # no top-k stored: nothing reported to check (the classifier says what it cannot prove)
-    chosen = side.logprob[idx].astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # topk_order: an entry above the one before it (NaN compares False), or a value after a gap
+        disorder = (lps[:, 1:] > lps[:, :-1] + np.float32(ORDER_TOL)).any(1)
+        nan = np.isnan(lps)
+        if nan.any():
+            disorder |= (nan[:, :-1] & ~nan[:, 1:]).any(1)
+        positive = (side.logprob > LP_TOL) | (lps > LP_TOL).any(1)
+        mass = np.exp(lps).sum(1, where=~nan, dtype=np.float64) if nan.any() else np.exp(lps).sum(1, dtype=np.float64)
+    disorder, positive, mass = disorder[idx], positive[idx], mass[idx]
+    heavy = mass > SUM_LIMIT
+    if not (disorder.any() or positive.any() or heavy.any()):
+        return out
+    lps, chosen = lps[idx], side.logprob[idx]
     fin = np.isfinite(lps)
-    # topk_order: a finite entry larger than a finite entry before it
-    prev = np.where(fin, lps, np.inf)
-    run_min = np.minimum.accumulate(prev, axis=1)
-    disorder = (fin[:, 1:] & (lps[:, 1:] > run_min[:, :-1] + 1e-7)).any(1)
-    # NaN/-inf padding before a finite entry is also out of order
-    gap_then_value = (~fin[:, :-1] & fin[:, 1:]).any(1) if lps.shape[1] > 1 else np.zeros(len(idx), bool)
     checks = [
-        (disorder | gap_then_value, lambda i: f"{label}'s top-k row at t={int(pos[i])} is not sorted by logprob "
-         f"({_row(lps[i])})"),
-        ((chosen > LP_TOL) | (np.where(fin, lps, -np.inf) > LP_TOL).any(1),
-         lambda i: f"{label} reports a logprob above 0 at t={int(pos[i])} (chosen {chosen[i]:.4g}, "
+        (disorder, lambda i: f"{label}'s top-k row at t={int(pos[i])} is not sorted by logprob ({_row(lps[i])})"),
+        (positive, lambda i: f"{label} reports a logprob above 0 at t={int(pos[i])} (chosen {chosen[i]:.4g}, "
          f"top-k max {np.nanmax(np.where(fin[i], lps[i], np.nan)):.4g})"),
-        (_lse(lps, fin) > MASS_TOL, lambda i: f"{label}'s top-k probabilities at t={int(pos[i])} sum to "
-         f"{np.exp(_lse(lps[i:i + 1], fin[i:i + 1]))[0]:.4f} > 1"),
+        (heavy, lambda i: f"{label}'s top-k probabilities at t={int(pos[i])} sum to {mass[i]:.4f} > 1"),
     ]  # fmt: skip
     for mask, say in checks:
         fp, fi = _first(mask, seg, pos, P)
         for p in np.flatnonzero((fp >= 0) & (out == "")).tolist():
             out[p] = say(int(fi[p]))
     return out
-
-
-def _lse(lps: np.ndarray, fin: np.ndarray) -> np.ndarray:
-    v = np.where(fin, lps, -np.inf)
-    m = np.max(v, axis=1)
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        return m + np.log(np.sum(np.exp(v - m[:, None]), axis=1))
 
 
 def _row(v: np.ndarray) -> str:
