@@ -89,6 +89,14 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
         ),
         ("gpu_study/summarize.py", ["--study", "{tmp}/study", "--dst", "{tmp}/summary"], [rf"\| predicted .*\| {NUM}"]),
     ],
+    "gpu_study_calibrated": [
+        (
+            "gpu_study/calibrated.py",
+            ["--smoke", "--out", "{tmp}/cal"],
+            [r"\| serial1 vs c8_3 \| cal\+ref \| pairs 16.*\| (True|False) \| run-level flip test"]
+            + [r"phase verdicts: done"],
+        )
+    ],
 }
 CUDA = "needs CUDA (a GPU job)"
 SKIPPED = {

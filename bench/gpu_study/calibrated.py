@@ -1,0 +1,246 @@
+"""Calibrated verdicts at a real shape: healthy repeats measure the engine, held-out bursts are judged.
+
+    PYTHONPATH=. python bench/gpu_study/calibrated.py --out /tmp/cal --models-dir /tmp/tkm --device cuda
+    python bench/gpu_study/calibrated.py --smoke --out /tmp/calsmoke   # CPU, the tiny fixture model
+
+One `tracekit serve` (Qwen3-4B shape, RANDOM weights from models.py, BF16, --slots 8,
+--no-prefix-cache), fixtures/prompts/study_128.jsonl (16 prompts), 32 tokens, ignore_eos, greedy:
+  captures  serial1..3 (concurrency 1), c4_1..3 and c8_1..3 (bursts of 4 and 8)
+  reference the FP32 teacher-forced `full` replay of serial1 (`tracekit capture --teacher-forced`)
+  calibrate on the _1 and _2 repeats only (serial vs serial, serial vs burst, burst vs burst) -> cal.json
+  verdicts  diff(serial1, X_3) for X in serial, c4, c8: plain, with the calibration, with it and the
+            reference; counts, ok, the flip-test and reference lines, every divergent pair
+Writes summary.json and report.md under --out; phase times on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+PROMPTS = ROOT / "fixtures" / "prompts" / "study_128.jsonl"
+TINY = ROOT / "fixtures" / "models" / "tiny"
+WATCH = "s128-g1-p1"  # the pair reported before: flip at 1 step in A, 6 in B, unexplained by the old constants
+RUNS = {"serial": 1, "c4": 4, "c8": 8}
+MODES = ("plain", "cal", "cal+ref")
+_T0 = time.perf_counter()
+
+
+def tag(name: str, r: int) -> str:
+    """serial1, c4_1, c8_1, ...: the names the study reports use."""
+    return f"{name}{r}" if name == "serial" else f"{name}_{r}"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - _T0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+class Phase:
+    def __init__(self, name: str, times: dict):
+        self.name, self.times = name, times
+
+    def __enter__(self):
+        self.t = time.perf_counter()
+        log(f"phase {self.name}: start")
+
+    def __exit__(self, *exc):
+        self.times[self.name] = round(time.perf_counter() - self.t, 1)
+        log(f"phase {self.name}: {'FAILED' if exc[0] else 'done'} in {self.times[self.name]} s")
+
+
+def model_dir(models: Path, name: str, device: str) -> Path:
+    """models.py's random-weight build, reused when its directory is already complete."""
+    d = models / name
+    info = d / "build_info.json"
+    if info.exists() and any(d.glob("*.safetensors")) and not json.loads(info.read_text()).get("smoke"):
+        log(f"model {d}: reused")
+        return d
+    import torch
+
+    from bench.gpu_study import models as models_mod
+
+    model = models_mod.build(name, device)  # BF16, peaked LM head, seed 0
+    models_mod.save(model, name, models)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return d
+
+
+def capture_all(model: Path, device: str, out: Path, repeats: int, max_tokens: int) -> dict[str, Path]:
+    from tracekit.capture.http import CaptureConfig, run_capture
+    from tracekit.engine.process import start_engine
+
+    args = ["--model", model, "--dtype", "bf16", "--device", device, "--slots", "8", "--no-prefix-cache"]
+    args += ["--max-context", "256"]
+    traces = {}
+    with start_engine(args, timeout_s=600, log_path=out / "serve.log") as eng:
+        for r in range(1, repeats + 1):
+            for name, conc in RUNS.items():
+                t = out / "traces" / f"{tag(name, r)}.h5"
+                t.parent.mkdir(parents=True, exist_ok=True)
+                t.unlink(missing_ok=True)
+                cfg = CaptureConfig(url=eng.url, prompts=str(PROMPTS), out=str(t), concurrency=conc)
+                cfg = dataclasses.replace(cfg, max_tokens=max_tokens, ignore_eos=True, top_logprobs=20, progress=False)
+                s = run_capture(cfg)
+                if s.failed:
+                    raise RuntimeError(f"{t.name}: {s.failed} failed requests: {s.failures[:3]}")
+                traces[tag(name, r)] = t
+        log(f"captured {len(traces)} traces on `tracekit serve {' '.join(map(str, args))}`")
+    return traces
+
+
+def reference(model: Path, serial: Path, device: str, out: Path) -> Path:
+    ref = out / "traces" / "ref_fp32_full.h5"
+    ref.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "tracekit", "capture", "--teacher-forced", str(model), "--from", str(serial)]
+    cmd += ["--history", "full", "--dtype", "fp32", "--device", device, "--out", str(ref)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    return ref
+
+
+def _num(x, nd: int = 4):
+    return None if x is None else round(float(x), nd)
+
+
+def verdict(a: Path, b: Path, mode: str, cal, ref: Path) -> dict:
+    import math
+
+    from tracekit.analyze import diff
+
+    kw = {"calibration": cal} if mode != "plain" else {}
+    if mode == "cal+ref":
+        kw["reference"] = str(ref)
+    res = diff(str(a), str(b), **kw)
+    counts = {k: v for k, v in res.counts().items() if v}
+    r = res.reference
+    pairs = []
+    for i, p in enumerate(res.pairs):
+        if p.cls == "identical" and p.key != WATCH:
+            continue
+        row = {"key": p.key, "class": p.cls, "position": p.position, "gap_a_ulp": _num(p.gap_a_ulp, 2)}
+        row |= {"gap_b_ulp": _num(p.gap_b_ulp, 2), "gap_a_nats": _num(p.gap_a), "gap_b_nats": _num(p.gap_b)}
+        if r is not None:
+            ratio = float(r.ratio[i])
+            row["ref_ratio"] = round(ratio, 3) if math.isfinite(ratio) else None
+            row["ref_verdict"] = r.verdict[i] or "consistent"
+        row["rule"] = p.rule[:400]
+        pairs.append(row)
+    from tracekit.analyze.compare import reference_line
+
+    return {
+        "a": a.stem,
+        "b": b.stem,
+        "mode": mode,
+        "counts": counts,
+        "ok": res.ok,
+        "flip_test": None if res.flip_test is None else res.flip_test.line(),
+        "reference": None if r is None else reference_line(r),
+        "pairs": pairs,
+    }
+
+
+def _cell(v, unit=""):
+    return "–" if v is None else f"{v:g}{unit}"
+
+
+def report(doc: dict) -> str:
+    c = doc["calibration"]
+    lines = [
+        f"# Calibrated verdicts: {doc['model']}, {doc['weights']}",
+        "",
+        f"Model: {doc['model_dir']} ({doc['weights_note']}). Engine: `{doc['engine']}`. "
+        f"Prompts {doc['prompts']}, {doc['max_tokens']} tokens, ignore_eos, greedy. "
+        f"Calibration `{c['name']}`: {c['pairs']} healthy request pairs from {len(c['sources'])} trace pairs "
+        f"(the _1 and _2 repeats); max healthy flip gap {c['flip_gap_max_nats']:.4g} nats / "
+        f"{c['flip_gap_max_steps']} steps. Reference: FP32 teacher-forced `full` replay of serial1.",
+        "",
+        "| A vs B | mode | counts | ok | flip test | reference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in doc["verdicts"]:
+        counts = ", ".join(f"{k} {n}" for k, n in v["counts"].items())
+        lines.append(
+            f"| {v['a']} vs {v['b']} | {v['mode']} | {counts} | {v['ok']} | {v['flip_test'] or '–'} "
+            f"| {v['reference'] or '–'} |"
+        )
+    lines += ["", "Divergent pairs (and " + WATCH + " always):", ""]
+    lines += ["| A vs B | mode | key | class | pos | gap A ulp / nats | gap B ulp / nats | ref B/A | ref verdict |"]
+    lines += ["|---|---|---|---|---|---|---|---|---|"]
+    for v in doc["verdicts"]:
+        for p in v["pairs"]:
+            key = f"**{p['key']}**" if p["key"] == WATCH else p["key"]
+            lines.append(
+                f"| {v['a']} vs {v['b']} | {v['mode']} | {key} | {p['class']} | {_cell(p['position'])} "
+                f"| {_cell(p['gap_a_ulp'])} / {_cell(p['gap_a_nats'])} | {_cell(p['gap_b_ulp'])} / "
+                f"{_cell(p['gap_b_nats'])} | {_cell(p.get('ref_ratio'))} | {p.get('ref_verdict', '–')} |"
+            )
+    lines += ["", f"Phase times (s): {json.dumps(doc['seconds'])}", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models-dir", default="/tmp/tkm")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="qwen3-4b", help="a models.py architecture")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--smoke", action="store_true", help="CPU, the tiny fixture model (fixtures/models/tiny)")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.device = "cpu"
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from tracekit.analyze.calibrate import measure
+    from tracekit.calibration import write_calibration
+
+    times: dict = {}
+    with Phase("model", times):
+        model = TINY if a.smoke else model_dir(Path(a.models_dir), a.model, a.device)
+    with Phase("captures", times):
+        tr = capture_all(model, a.device, out, 3, a.max_tokens)
+    with Phase("reference", times):
+        ref = reference(model, tr["serial1"], a.device, out)
+    with Phase("calibrate", times):
+        pairs = [(tr[tag("serial", r)], tr[tag(n, r)]) for r in (1, 2) for n in ("c4", "c8")]
+        pairs += [(tr[tag(n, 1)], tr[tag(n, 2)]) for n in RUNS]  # serial1/2, c4_1/2, c8_1/2
+        cal = measure([(str(x), str(y)) for x, y in pairs], name=f"{model.name}-bf16-c4c8-repeats12")
+        write_calibration(cal, out / "cal.json")
+        log(cal.describe())
+    with Phase("verdicts", times):
+        verdicts = [verdict(tr["serial1"], tr[tag(n, 3)], m, cal, ref) for n in RUNS for m in MODES]
+    doc = {
+        "model": "tiny fixture model" if a.smoke else f"{a.model} shape",
+        "model_dir": str(model),
+        "weights": "trained weights (the smoke; the GPU run has random weights)" if a.smoke else "random weights",
+        "weights_note": "1M-parameter model trained on the fixture corpus"
+        if a.smoke
+        else "real architecture, RANDOM weights from seed 0, peaked LM head (models.py); not a trained model",
+        "engine": f"tracekit serve --dtype bf16 --device {a.device} --slots 8 --no-prefix-cache --max-context 256",
+        "prompts": str(PROMPTS.relative_to(ROOT)),
+        "max_tokens": a.max_tokens,
+        "calibration": cal.to_json(),
+        "verdicts": verdicts,
+        "watch": [{"b": v["b"], "mode": v["mode"], **p} for v in verdicts for p in v["pairs"] if p["key"] == WATCH],
+        "seconds": times,
+    }
+    (out / "summary.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    md = report(doc)
+    (out / "report.md").write_text(md)
+    print(md)
+    log(f"wrote {out}/summary.json, report.md, cal.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
