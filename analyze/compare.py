@@ -170,6 +170,12 @@ def diff(
     if thresholds is not None and tolerances:
         raise ConfigError("pass either thresholds= or tolerance keywords, not both")
     thr = thresholds or Thresholds(**tolerances)
+    cal_note = None
+    if calibration is not None:
+        from tracekit.calibration import read_calibration
+
+        calibration = calibration if isinstance(calibration, Calibration) else read_calibration(calibration)
+        thr, cal_note = calibrated_thresholds(thr, calibration)
     with contextlib.ExitStack() as stack:
         ra, rb = _open(stack, a), _open(stack, b)
         if os.path.abspath(ra.path) == os.path.abspath(rb.path) and not (a_select or b_select):
@@ -221,6 +227,8 @@ def diff(
         if calibration is not None:
             test = _flip_test(al, cols, calibration)
             notes.append(test.line())
+            if cal_note:
+                notes.append(cal_note)
         else:
             notes.append(UNCALIBRATED)
         if ref is not None:
@@ -281,6 +289,44 @@ def reference_line(ref) -> str:
         + (counts or "every pair consistent with the reference")
         + f"; {run}"
     )
+
+
+def calibrated_thresholds(thr: Thresholds, cal: Calibration) -> tuple[Thresholds, str | None]:
+    """The per-pair tolerances widened to this engine's measured noise, never narrowed (a
+    narrower calibration is the run-level tests' job): the tie tolerance to the upper edge of
+    the gap bin that holds the largest healthy flip, the drift bounds to twice the largest
+    healthy drift. Tolerances the user gave are kept. Returns (thresholds, the note or None)."""
+    import dataclasses
+
+    from tracekit.calibration import NATS_EDGES, STEP_EDGES
+
+    if cal.dtype not in DTYPES:
+        return thr, None
+    base = thr.for_dtype(cal.dtype)
+
+    def edge(x, edges):
+        e = np.asarray(edges)
+        return float(e[min(int(np.searchsorted(e, x, side="right")), len(e) - 1)]) if x else 0.0
+
+    got = {
+        "tie_ulps": edge(cal.flip_gap_max_steps or 0.0, STEP_EDGES),
+        "tie_nats": edge(cal.flip_gap_max_nats, NATS_EDGES),
+        "drift_nats": 2.0 * float(cal.drift_max_nats.get("p100", 0.0) or 0.0),
+        "drift_mean_nats": 2.0 * float(cal.drift_mean_nats.get("p100", 0.0) or 0.0),
+    }
+    got["drift_ulps"] = 4.0 * got["tie_ulps"]
+    wider = {k: v for k, v in got.items() if np.isfinite(v) and v > getattr(base, k) and k not in thr.given()}
+    if not wider:
+        return thr, None
+    new = {k: max(getattr(base, k), wider.get(k, 0.0)) for k in ("tie_ulps", "drift_ulps", "tie_nats")}
+    new |= {k: max(getattr(base, k), wider.get(k, 0.0)) for k in ("drift_nats", "drift_mean_nats")}
+    new["drift_ulps"] = max(new["drift_ulps"], new["tie_ulps"])
+    new["drift_nats"] = max(new["drift_nats"], new["tie_nats"], new["drift_mean_nats"])
+    keep = {k: v for k, v in new.items() if k in wider or k in ("drift_ulps", "drift_nats")}
+    keep = {k: v for k, v in keep.items() if v != getattr(base, k)} | thr.given()
+    out = dataclasses.replace(thr, **keep)
+    said = ", ".join(f"{k} {getattr(base, k):g} -> {keep[k]:g}" for k in keep if k not in thr.given())
+    return out, f"tolerances widened to this engine's measured noise (calibration {cal.name}, {cal.dtype}): {said}"
 
 
 def _flip_test(al, cols, calibration):

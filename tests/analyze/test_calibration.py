@@ -145,3 +145,24 @@ def test_cli_calibrate_then_diff(tmp_path, cal_bf16):
     missing = _tk("diff", *_pair("bf16", "prefix8", 8), "--calibration", tmp_path / "none.json")
     assert missing.returncode == 3 and "tracekit calibrate" in missing.stderr and "Traceback" not in missing.stderr
     assert math.isfinite(read_calibration(out).flip_gap_max_nats)
+
+
+def test_a_calibration_widens_the_per_pair_tolerances_never_narrows_them(cal_bf16):
+    """The healthy Qwen3-4B-shaped H200 engine's pair s128-g1-p1 (traces/gpu-h200, random
+    weights) flips at 1 step in A and 6 in B: beyond the tiny model's 4-step tie, so
+    `unexplained` uncalibrated. A calibration of an engine whose healthy repeats flip at up to
+    6 steps widens the tie to the edge of that gap bin (8 steps) and the pair is a tie; the tiny
+    model's own calibration (flips at <= 2 steps) leaves the defaults as they are."""
+    study = ROOT / "traces" / "gpu-h200" / "study"
+    a = study / "groups" / "qwen3-4b.bf16.cache-off.in128.out32" / "serial.h5"
+    b = study / "cells" / "qwen3-4b.bf16.cache-off.in128.out32.c4" / "burst.h5"
+    assert diff(a, b).by_key("s128-g1-p1").cls == "unexplained"
+    deep = dataclasses.replace(cal_bf16, name="deep", flip_gap_max_steps=6.0, flip_gap_max_nats=1.5)
+    r = diff(a, b, calibration=deep)
+    p = r.by_key("s128-g1-p1")
+    assert p.cls == "bf16_tie_flip" and "<= 8 ulp" in p.rule
+    assert any("tie_ulps 4 -> 8" in n for n in r.notes)
+    own = diff(*_pair("bf16", "prefix8", 8), eos=(0,), calibration=cal_bf16)
+    assert not any("widened" in n for n in own.notes)
+    given = diff(a, b, calibration=deep, tie_ulps=4)  # a tolerance the user gave is kept
+    assert given.by_key("s128-g1-p1").cls == "unexplained"
