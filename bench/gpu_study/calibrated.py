@@ -133,6 +133,8 @@ def verdict(a: Path, b: Path, mode: str, cal, ref: Path) -> dict:
             ratio = float(r.ratio[i])
             row["ref_ratio"] = round(ratio, 3) if math.isfinite(ratio) else None
             row["ref_verdict"] = r.verdict[i] or "consistent"
+            row |= {f"ref_{n}": _num(getattr(r, n)[i], 5) for n in ("n", "err_a", "err_b", "ratio_lo", "ratio_hi")}
+            row["ref_p_b_farther"] = _num(r.p_b_farther[i], 4)
         row["rule"] = p.rule[:400]
         pairs.append(row)
     from tracekit.analyze.compare import reference_line
@@ -151,6 +153,14 @@ def verdict(a: Path, b: Path, mode: str, cal, ref: Path) -> dict:
 
 def _cell(v, unit=""):
     return "–" if v is None else f"{v:g}{unit}"
+
+
+def ref_cell(p: dict) -> str:
+    if p.get("ref_ratio") is None:
+        return "–"
+    g = {k: "–" if p[k] is None else f"{p[k]:.3g}" for k in ("ref_ratio_lo", "ref_ratio_hi", "ref_err_a", "ref_err_b")}
+    ci = f"[{g['ref_ratio_lo']}, {g['ref_ratio_hi']}]"
+    return f"{p['ref_ratio']:.3g} {ci} (n {_cell(p['ref_n'])}, {g['ref_err_a']} / {g['ref_err_b']})"
 
 
 def report(doc: dict) -> str:
@@ -174,7 +184,8 @@ def report(doc: dict) -> str:
             f"| {v['reference'] or '–'} |"
         )
     lines += ["", "Divergent pairs (and " + WATCH + " always):", ""]
-    lines += ["| A vs B | mode | key | class | pos | gap A ulp / nats | gap B ulp / nats | ref B/A | ref verdict |"]
+    lines += ["| A vs B | mode | key | class | pos | gap A ulp / nats | gap B ulp / nats "]
+    lines[-1] += "| ref B/A [95% CI] (n, err A / B nats) | ref verdict |"
     lines += ["|---|---|---|---|---|---|---|---|---|"]
     for v in doc["verdicts"]:
         for p in v["pairs"]:
@@ -182,7 +193,7 @@ def report(doc: dict) -> str:
             lines.append(
                 f"| {v['a']} vs {v['b']} | {v['mode']} | {key} | {p['class']} | {_cell(p['position'])} "
                 f"| {_cell(p['gap_a_ulp'])} / {_cell(p['gap_a_nats'])} | {_cell(p['gap_b_ulp'])} / "
-                f"{_cell(p['gap_b_nats'])} | {_cell(p.get('ref_ratio'))} | {p.get('ref_verdict', '–')} |"
+                f"{_cell(p['gap_b_nats'])} | {ref_cell(p)} | {p.get('ref_verdict', '–')} |"
             )
     lines += ["", f"Phase times (s): {json.dumps(doc['seconds'])}", ""]
     return "\n".join(lines)
