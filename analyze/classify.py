@@ -80,6 +80,9 @@ class Thresholds:
     drift_nats: float | None = None
     drift_mean_nats: float | None = None
     grid_floor: float = FLOOR_ABS
+    # tolerances measured for one dtype (a calibration: compare.calibrated_thresholds), applied
+    # only to pairs judged on that grid, under the user's own values: ((dtype, {field: value}), ...)
+    measured: tuple = ()
 
     def __post_init__(self) -> None:
         for name in (*OPTIONS, "grid_floor"):
@@ -94,7 +97,8 @@ class Thresholds:
         return {k: getattr(self, k) for k in OPTIONS if getattr(self, k) is not None}
 
     def for_dtype(self, dtype: str) -> Tol:
-        tol = Tol(**{**asdict(DEFAULTS[dtype]), **self.given()})
+        own = next((dict(v) for d, v in self.measured if d == dtype), {})
+        tol = Tol(**{**asdict(DEFAULTS[dtype]), **own, **self.given()})
         _check_order(tol, f"for {dtype}")
         return tol
 

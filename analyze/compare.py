@@ -293,24 +293,18 @@ def reference_line(ref) -> str:
 
 def calibrated_thresholds(thr: Thresholds, cal: Calibration) -> tuple[Thresholds, str | None]:
     """The per-pair tolerances widened to this engine's measured noise, never narrowed (a
-    narrower calibration is the run-level tests' job): the tie tolerance to the upper edge of
-    the gap bin that holds the largest healthy flip, the drift bounds to twice the largest
-    healthy drift. Tolerances the user gave are kept. Returns (thresholds, the note or None)."""
+    narrower calibration is the run-level tests' job): the tie tolerance to the largest healthy
+    flip gap, the drift bounds to twice the largest healthy drift, for pairs on the calibration's
+    grid only. Tolerances the user gave are kept. Returns (thresholds, the note or None)."""
     import dataclasses
-
-    from tracekit.calibration import NATS_EDGES, STEP_EDGES
 
     if cal.dtype not in DTYPES:
         return thr, None
     base = thr.for_dtype(cal.dtype)
 
-    def edge(x, edges):
-        e = np.asarray(edges)
-        return float(e[min(int(np.searchsorted(e, x, side="right")), len(e) - 1)]) if x else 0.0
-
-    got = {
-        "tie_ulps": edge(cal.flip_gap_max_steps or 0.0, STEP_EDGES),
-        "tie_nats": edge(cal.flip_gap_max_nats, NATS_EDGES),
+    got = {  # the largest healthy flip itself: a wider bin edge would excuse gaps nobody measured
+        "tie_ulps": float(cal.flip_gap_max_steps or 0.0),
+        "tie_nats": float(cal.flip_gap_max_nats),
         "drift_nats": 2.0 * float(cal.drift_max_nats.get("p100", 0.0) or 0.0),
         "drift_mean_nats": 2.0 * float(cal.drift_mean_nats.get("p100", 0.0) or 0.0),
     }
@@ -323,10 +317,13 @@ def calibrated_thresholds(thr: Thresholds, cal: Calibration) -> tuple[Thresholds
     new["drift_ulps"] = max(new["drift_ulps"], new["tie_ulps"])
     new["drift_nats"] = max(new["drift_nats"], new["tie_nats"], new["drift_mean_nats"])
     keep = {k: v for k, v in new.items() if k in wider or k in ("drift_ulps", "drift_nats")}
-    keep = {k: v for k, v in keep.items() if v != getattr(base, k)} | thr.given()
-    out = dataclasses.replace(thr, **keep)
-    said = ", ".join(f"{k} {getattr(base, k):g} -> {keep[k]:g}" for k in keep if k not in thr.given())
-    return out, f"tolerances widened to this engine's measured noise (calibration {cal.name}, {cal.dtype}): {said}"
+    keep = {k: v for k, v in keep.items() if v != getattr(base, k) and k not in thr.given()}
+    # only for pairs on the calibration's own grid: a BF16 engine's noise says nothing of an FP32 run
+    out = dataclasses.replace(thr, measured=((cal.dtype, tuple(sorted(keep.items()))),))
+    said = ", ".join(f"{k} {getattr(base, k):g} -> {keep[k]:g}" for k in keep)
+    return out, (
+        f"tolerances widened to this engine's measured noise for {cal.dtype} pairs (calibration {cal.name}): {said}"
+    )
 
 
 def _flip_test(al, cols, calibration):
