@@ -61,6 +61,7 @@ class CaptureConfig:
     dtype: str | None = None  # the engine's dtype when it does not report it (fp32 | bf16 | fp16)
     logprobs_mode: str = "auto"  # what the logprob fields hold; *_logits: stored as raw top-k logits
     wait_ready_s: float = 0.0  # wait this long for an engine still loading (503) or not listening yet
+    cache_prompt: bool | None = None  # llama.cpp's per-request cache_prompt; None: not sent (the server decides)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ def plan_requests(prompts: list[Prompt], cfg: CaptureConfig) -> list[RequestSpec
                     model=cfg.model,
                     temperature=float(o.get("temperature", 0.0)),
                     extra=p.extra,
+                    cache_prompt=cfg.cache_prompt,
                 )
             )
     return specs

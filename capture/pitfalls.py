@@ -108,6 +108,13 @@ def at_start(specs: list[RequestSpec], run: dict, engine_kind: str, warn) -> Non
             "TGI has no ignore_eos switch: its streams end at the first EOS although the requests ask to ignore "
             "it; a diff against an engine that ignores EOS compares only up to that EOS",
         )
+    asked = {s.cache_prompt for s in specs} - {None}
+    if asked and run.get("dialect") != "llamacpp":
+        warn(
+            "cache_prompt_not_sent",
+            f"--{'' if True in asked else 'no-'}cache-prompt is llama.cpp's per-request switch; the "
+            f"{run.get('dialect')} dialect does not send it: set the engine's prefix cache with its launch flags",
+        )
     if not run.get("eos_token_ids"):
         warn(
             "eos_unknown",

@@ -200,6 +200,16 @@ def _token_ids_note(dialect: str, tokenizer: str | None) -> tuple[str, bool]:
     return "engine ids where sent; token strings stay unknown (-1): no --tokenizer", True
 
 
+def _cache_label(cfg, dialect: str) -> str:
+    """The run's cache label: --run-meta cache=..., else what a llama.cpp cache_prompt asked."""
+    if "cache" in cfg.run_meta:
+        return cfg.run_meta["cache"]
+    asked = cfg.cache_prompt
+    if dialect == "llamacpp" and asked is not None:
+        return "on" if asked else "off"
+    return "unknown"
+
+
 def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None, numerics: dict) -> dict:
     """The run metadata of a capture as it starts (cfg: http.CaptureConfig, pr: the probe's
     result); the run adds `prompt_ids`, `pitfalls` and, at close, `prefix_cache_counters`."""
@@ -219,6 +229,8 @@ def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None,
         repeat=cfg.repeat,
         timeout_s=cfg.timeout_s,
         prompts={"path": cfg.prompts, "sha256": sha256_file(cfg.prompts), "n": n_prompts},
+        # llama.cpp's per-request switch as sent: true / false, or "not sent" (the server decides)
+        cache_prompt="not sent" if cfg.cache_prompt is None else cfg.cache_prompt,
         **labels,
     )
     return RunRecord(
@@ -234,7 +246,7 @@ def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None,
         logprobs_mode_source=mode_source,
         concurrency=cfg.concurrency,
         sampling=sampling(specs, cfg.stream),
-        cache=CacheFacts(cfg.run_meta.get("cache", "unknown"), CACHE_FIELD.get(pr.dialect, "unknown")),
+        cache=CacheFacts(_cache_label(cfg, pr.dialect), CACHE_FIELD.get(pr.dialect, "unknown")),
         mode=mode,
         extra={k: v for k, v in rest.items() if k != "run_version"},
     ).to_json()

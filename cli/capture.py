@@ -106,6 +106,16 @@ OPTIONS = (
         HTTP,
         dict(default=None, help="Keep generating past EOS (engines that support it); default: the prompt's own."),
     ),
+    Opt(
+        "cache_prompt",
+        ("--cache-prompt/--no-cache-prompt",),
+        HTTP,
+        dict(
+            default=None,
+            help="llama.cpp: send cache_prompt true/false with every request (prefix reuse on / a cold prompt). "
+            "Default: not sent, so the server's own --cache-prompt / --no-cache-prompt decides.",
+        ),
+    ),
     Opt("stream", ("--stream/--no-stream",), HTTP, dict(default=True, show_default=True, help="SSE streaming.")),
     Opt(
         "dialect",

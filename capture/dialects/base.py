@@ -32,6 +32,9 @@ class RequestSpec:
     model: str = ""
     temperature: float = 0.0
     extra: dict = field(default_factory=dict)
+    # llama.cpp's per-request `cache_prompt`: None sends nothing (the server's --cache-prompt /
+    # --no-cache-prompt decides); True / False asks for prefix reuse or a cold prompt.
+    cache_prompt: bool | None = None
 
 
 class EngineErrorEvent(Exception):

@@ -6,7 +6,10 @@ The reused prefix is `timings.cache_n` (the last prompt token is always
 re-evaluated, so a full repeat shows len-1); `tokens_cached` is the slot's
 whole cache after the request, not the boundary, and is not used. The stream
 has **no `[DONE]`**: the last event carries `stop: true` and the timings.
-llama.cpp's `/v1/...` routes go through the openai dialects.
+`cache_prompt` is sent only when the capture asks (`--cache-prompt/--no-cache-prompt`):
+otherwise the server's own setting (`--cache-prompt`, its default, or `--no-cache-prompt`)
+decides, which a per-request value would override. llama.cpp's `/v1/...` routes go through
+the openai dialects.
 """
 
 from __future__ import annotations
@@ -42,12 +45,15 @@ class LlamaCppCompletion:
             "n_predict": spec.max_tokens,
             "temperature": spec.temperature,
             "n_probs": spec.top_logprobs,
-            "cache_prompt": True,
             "stream": spec.stream,
             "return_tokens": True,
         }
         if spec.ignore_eos:
             b["ignore_eos"] = True
+        if spec.cache_prompt is not None:
+            # Only when asked: a request's cache_prompt overrides the server's --no-cache-prompt
+            # (a per-request true made a cache-off server reuse prefixes, issue 24).
+            b["cache_prompt"] = spec.cache_prompt
         b.update(spec.extra)
         return b
 
