@@ -12,7 +12,6 @@ from tracekit.capture.http import CaptureConfig, plan_requests
 from tracekit.capture.matrix.lifecycle import lifecycle_checks
 from tracekit.capture.prompts import load_prompts
 
-
 llamacpp = load_file("scripts/llamacpp.py", "llamacpp")
 PROMPTS = llamacpp.ROOT / "fixtures" / "prompts" / "cpu_small.jsonl"  # 32-token shared prefix
 
