@@ -26,6 +26,7 @@ from .eos_policy import ignore_eos_note
 from .grid import Grid, PairGrids, normalise, pair_grids
 from .reported import reported_checks
 from .result import DiffResult, rule_text
+from .streams import context_notes
 
 EOS_UNKNOWN = (
     "unknown: post_eos cannot fire; pass --eos ID or --tokenizer DIR (a model directory with "
@@ -200,13 +201,17 @@ def diff(
         fixed = (bool(dtype), bool(dtype))
         cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b), fixed)
         cols["rule"] = np.array([rule_text(cols, i) for i in range(len(al.keys))], dtype=object)
+        limited, limit_lines = context_notes(al)  # streams the engine stopped at its context limit
+        for i, n in enumerate(limited):
+            if n:
+                cols["note"][i] = f"{cols['note'][i]}; {n}" if cols["note"][i] else n
         _refute(cols, reported_checks(al), "reported")
         ref = None
         if reference is not None:
             ref = _against_reference(stack, al, cols, reference, reference_select)
         cols["teacher"] = np.full(len(al.keys), None, dtype=object)
         notes = [n for n in (side_a.note, side_b.note, _eos_note(side_a, side_b)) if n]
-        notes += notes_a + more_a + notes_b + more_b
+        notes += notes_a + more_a + notes_b + more_b + limit_lines
         if cols["drift_on_logits"].any():
             notes.append(
                 f"{int(cols['drift_on_logits'].sum())} pair(s) store no logprobs: their drift is measured on the "

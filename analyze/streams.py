@@ -13,7 +13,9 @@ the run's `sampling` defaults, and answers:
   strings, top-p ...)? A flip caused by a different request is no numeric flip;
 - how many tokens were asked, was EOS ignored, and was the stream truncated
   (no finish reason; fewer tokens than asked while EOS was ignored; "length"
-  before max_tokens; an abort)?
+  before max_tokens; an abort)? A stream the engine stopped at its context limit
+  (`context_limit`, llama.cpp's `truncated: true`) ran to a proper end: the diff
+  says so per pair and for the run (context_notes), never blames the pair.
 
 Parsing runs once per distinct params string (a run usually has a handful).
 """
@@ -28,6 +30,9 @@ from typing import Any, Mapping
 import numpy as np
 
 STOP_LIKE = {"stop", "eos", "eos_token", "stop_sequence"}
+# The engine stopped the stream when prompt + output filled its context (capture's finish reason for
+# llama.cpp's `truncated: true, stop_type: limit`): a proper end, the same for A and B on one engine.
+CONTEXT_LIMIT = "context_limit"
 LENGTH_LIKE = {"length", "max_tokens", "max_new_tokens"}
 SCOPES = ("sampling_params", "parameters")  # SGLang and TGI nest their sampling fields
 
@@ -205,4 +210,40 @@ def truncation(side, row: int, n: int, ask: Asked) -> str:
         return ""
     if fin in LENGTH_LIKE:
         return f"finish_reason {fin} after {asked_n}" if short else ""
+    if fin == CONTEXT_LIMIT:
+        return ""  # the engine's context limit: said by context_limited(), never blamed on the pair
     return f"finish_reason {fin!r} after {n} tokens"
+
+
+def context_limited(side, row: int) -> bool:
+    """The engine stopped this row at its context limit (prompt + output = a slot's context)."""
+    return row >= 0 and str(side.table.finish_reason[row]).strip().lower() == CONTEXT_LIMIT
+
+
+def context_notes(al) -> tuple[list[str], list[str]]:
+    """(a note per pair, '' for most; the diff's run-level lines) for streams the engine stopped at
+    its context limit: both sides (compared up to there, like max_tokens), or one side only."""
+    per = [""] * len(al.keys)
+    both, one = [], []
+    for i in range(len(al.keys)):
+        ca, cb = context_limited(al.a, int(al.row_a[i])), context_limited(al.b, int(al.row_b[i]))
+        if ca and cb:
+            per[i] = f"both truncated by the engine's context limit (A after {al.n_a[i]}, B after {al.n_b[i]} tokens)"
+            both.append((int(al.n_a[i]), int(al.n_b[i])))
+        elif ca or cb:
+            side, n, other = ("A", al.n_a[i], al.n_b[i]) if ca else ("B", al.n_b[i], al.n_a[i])
+            per[i] = f"{side} truncated by the engine's context limit after {n} tokens, the other side ran {other}"
+            one.append(i)
+    lines = []
+    if both:
+        lo, hi = min(min(x) for x in both), max(max(x) for x in both)
+        lines.append(
+            f"{len(both)} pair(s) both truncated by the engine's context limit (after {lo}-{hi} tokens; llama.cpp "
+            "truncated: true): compared up to there, not blamed on the pair; give the engine more context to "
+            "compare the tokens asked"
+        )
+    if one:
+        lines.append(
+            f"{len(one)} pair(s) with one side truncated by the engine's context limit: the engines' contexts differ"
+        )
+    return per, lines

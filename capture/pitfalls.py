@@ -4,7 +4,8 @@ Each pitfall is one `warning:` line on stderr, said once a run, and recorded in 
 metadata under `pitfalls` ([{code, message}]) so that reports show it. Known before any
 request (`at_start`): requests that are not greedy, logprobs that are processed or of an
 unknown mode, TGI's prefill logprobs, unknown EOS ids. Seen in the answers (`Watch`): no
-per-request cached tokens, a top-k the engine capped; token strings the tokenizer cannot map
+per-request cached tokens, a top-k the engine capped, streams the engine cut at its context
+limit; token strings the tokenizer cannot map
 are said by capture/postprocess.py. Nothing here stops a run.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dialects import RequestSpec
+from .dialects.llamacpp import CONTEXT_LIMIT
 
 # Body fields that change the choice away from the argmax, and their neutral value.
 _NEUTRAL = {
@@ -139,6 +141,7 @@ class Watch:
         self.warn, self.dialect, self.engine_kind, self.cache_field = warn, dialect, engine_kind, cache_field
         self.ok = 0
         self.cached_reported = False
+        self.context_limited: list[int] = []  # output lengths of rows the engine cut at its context limit
 
     def seen(self, spec: RequestSpec, outcome) -> None:
         rec, toks = outcome.record, outcome.tokens
@@ -146,6 +149,8 @@ class Watch:
             return
         self.ok += 1
         self.cached_reported |= rec.cached_tokens >= 0
+        if rec.finish_reason == CONTEXT_LIMIT:
+            self.context_limited.append(len(toks) if toks is not None else -1)
         if self.ok == FIRST_ANSWERS:
             self._cached()
         k = spec.top_logprobs
@@ -160,6 +165,15 @@ class Watch:
     def finish(self) -> None:
         if 0 < self.ok < FIRST_ANSWERS:
             self._cached()
+        if self.context_limited:
+            n = self.context_limited
+            self.warn(
+                "context_truncated",
+                f"{len(n)} of {self.ok} requests stopped at the engine's context limit before their max_tokens "
+                f"(llama.cpp truncated: true, stop_type limit; after {min(n)}-{max(n)} tokens): prompt + output "
+                "filled a slot's context (llama-server -c N is split over -np slots); the rows' finish reason is "
+                "context_limit. Give the server more context (-c) or ask fewer tokens",
+            )
 
     def _cached(self) -> None:
         if self.cached_reported:

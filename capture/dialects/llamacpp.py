@@ -5,7 +5,9 @@ Asks with `n_probs: k`; each token comes as `completion_probabilities[]
 The reused prefix is `timings.cache_n` (the last prompt token is always
 re-evaluated, so a full repeat shows len-1); `tokens_cached` is the slot's
 whole cache after the request, not the boundary, and is not used. The stream
-has **no `[DONE]`**: the last event carries `stop: true` and the timings.
+has **no `[DONE]`**: the last event carries `stop: true` and the timings; with
+`truncated: true` and `stop_type: limit` the slot's context filled before `n_predict`,
+and the row's finish reason is `context_limit`.
 `cache_prompt` is sent only when the capture asks (`--cache-prompt/--no-cache-prompt`):
 otherwise the server's own setting (`--cache-prompt`, its default, or `--no-cache-prompt`)
 decides, which a per-request value would override. llama.cpp's `/v1/...` routes go through
@@ -20,6 +22,9 @@ from tracekit.errors import ResponseShapeError
 
 from .base import BAD_VALUE, Acc, RequestSpec, check_error
 
+# The finish reason of a stream the engine stopped at its context limit (llama.cpp's
+# `truncated: true` with `stop_type: limit`); analyze/streams.py reads it.
+CONTEXT_LIMIT = "context_limit"
 # stop_type -> OpenAI-style finish reason.
 _FINISH = {"limit": "length", "eos": "stop", "word": "stop"}
 
@@ -71,6 +76,10 @@ class LlamaCppCompletion:
         if obj.get("stop") is True:
             acc.done = True
             acc.finish_reason = _FINISH.get(obj.get("stop_type", ""), obj.get("stop_type", ""))
+            if obj.get("truncated") is True and obj.get("stop_type") == "limit":
+                # The slot's context filled up (prompt + output = n_ctx_slot) before n_predict:
+                # the engine's context limit, not the request's, kept as its own finish reason.
+                acc.finish_reason = CONTEXT_LIMIT
             timings = obj.get("timings") or {}
             if isinstance(timings.get("cache_n"), int):
                 acc.cached_tokens = timings["cache_n"]
