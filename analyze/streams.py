@@ -41,6 +41,8 @@ SCOPES = ("sampling_params", "parameters")  # SGLang and TGI nest their sampling
 GENERATION = {
     "logit_bias": None,
     "repetition_penalty": 1.0,
+    "repeat_penalty": 1.0,  # llama.cpp, llama-cpp-python
+    "dry_multiplier": 0.0,  # llama.cpp DRY
     "frequency_penalty": 0.0,
     "presence_penalty": 0.0,
     "length_penalty": 1.0,

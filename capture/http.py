@@ -78,6 +78,7 @@ class CaptureSummary:
     unknown_id_tokens: int = 0  # tokens of ok rows stored with id -1 (strings the capture could not map)
     prefix_cache_counters: dict = field(default_factory=dict)  # metrics.prefix_counters over the run
     pitfalls: list = field(default_factory=list)  # codes of the run's pitfalls (capture/pitfalls.py)
+    unknown_topk_entries: int = 0  # top-k candidates of ok rows with a value but id -1 (strings as above)
 
     @property
     def failed(self) -> int:
@@ -96,6 +97,7 @@ class CaptureSummary:
             "latency": self.latency,
             "failures": [list(f) for f in self.failures],
             "unknown_id_tokens": self.unknown_id_tokens,
+            "unknown_topk_entries": self.unknown_topk_entries,
             "prefix_cache_counters": self.prefix_cache_counters,
             "pitfalls": self.pitfalls,
         }
@@ -262,7 +264,7 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
                 resume.done(prev, out)
     return CaptureSummary(
         str(out), len(specs) + kept, kept, counts, ntok, wall, pr.dialect, _percentiles(lat), failures, post.unknown,
-        counters, [p["code"] for p in pitfalls.as_list()],
+        counters, [p["code"] for p in pitfalls.as_list()], post.unknown_topk,
     )  # fmt: skip
 
 

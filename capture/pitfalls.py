@@ -26,7 +26,9 @@ _NEUTRAL = {
     "min_p": 0.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
+    "repetition_penalty": 1.0,  # vLLM, SGLang, TGI, HF
+    "repeat_penalty": 1.0,  # llama.cpp, llama-cpp-python
+    "dry_multiplier": 0.0,  # llama.cpp's DRY repetition penalty
     "do_sample": False,  # TGI
 }
 FIRST_ANSWERS = 3  # ok answers without a cached-token count before the run says so
@@ -82,7 +84,8 @@ def at_start(specs: list[RequestSpec], run: dict, engine_kind: str, warn) -> Non
             "not_greedy",
             f"{len(sampled)} of {len(specs)} requests are not greedy ({shown}): the engine samples, so two "
             "runs differ by chance and the benign verdicts of `tracekit diff` (which check greedy choices) "
-            "do not apply; capture with temperature 0 and no top-p, min-p or penalties",
+            "do not apply; capture with temperature 0 and no top-p, min-p or penalties (repetition_penalty / "
+            "repeat_penalty 1, presence and frequency 0, dry_multiplier 0)",
         )
     mode, source = run.get("logprobs_mode"), str(run.get("logprobs_mode_source", ""))
     if mode in ("processed_logprobs", "processed_logits"):

@@ -1,7 +1,9 @@
 """What the run does to each finished outcome before it is written.
 
 - logits in the logprob fields (vLLM `--logprobs-mode *_logits`) move to the raw-logit column;
-- ids the engine sent as strings that stay unknown (-1) are noted on the row;
+- ids the engine sent as strings that stay unknown (-1) are noted on the row, chosen tokens and
+  top-k candidates counted apart (llama-cpp-python sends an EOS as '' in its top_logprobs: a
+  candidate with a value and no id, which the diff cannot place);
 - an answer the trace cannot hold (a finish reason over 16 bytes or not ASCII, error text with
   a lone surrogate, ids outside int32: `tracekit.store.check_request`) becomes an `error` row
   that says why, so one bad response never stops the capture (the writer refuses a whole group
@@ -32,6 +34,7 @@ class Post:
         self.tokenizer, self.logits_mode, self.layout, self.warn = tokenizer, logits_mode, layout, warn
         self.watch = watch  # pitfalls.Watch: sees each outcome as it will be stored
         self.unknown = 0  # tokens of ok rows with id -1
+        self.unknown_topk = 0  # top-k candidates of ok rows with a value but id -1
 
     def __call__(self, outcome: Outcome, spec: RequestSpec) -> Outcome:
         if self.logits_mode and outcome.tokens is not None:
@@ -43,10 +46,15 @@ class Post:
 
     def _unknown_ids(self, outcome: Outcome) -> Outcome:
         toks = outcome.tokens
-        if toks is None or outcome.record.status != "ok" or not (toks.token_id < 0).any():
+        if toks is None or outcome.record.status != "ok":
             return outcome
         n = int((toks.token_id < 0).sum())
-        if self.tokenizer:
+        topk = unmapped_topk(toks)
+        if not n and not topk.any():
+            return outcome
+        if not n:
+            pass
+        elif self.tokenizer:
             self.warn(
                 "tokenizer_mismatch",
                 f"the engine sent token strings that are not in the vocabulary of {self.tokenizer} (their ids "
@@ -59,13 +67,34 @@ class Post:
                 "the engine sent token strings without ids; ids stay unknown (-1); pass --tokenizer DIR (the "
                 "served model's tokenizer), or --dialect vllm for a vLLM server",
             )
-        self.unknown += n
+        notes = []
         why = f"not in the vocabulary of {self.tokenizer}" if self.tokenizer else "pass --tokenizer DIR"
-        note = f"token ids unknown for {n} tokens: the engine sent token strings only; {why}"
+        if n:
+            self.unknown += n
+            notes.append(f"token ids unknown for {n} tokens: the engine sent token strings only; {why}")
+        if topk.any():
+            k, rows = int(topk.sum()), int((topk > 0).sum())
+            self.unknown_topk += k
+            notes.append(f"{k} top-k candidates in {rows} of {len(topk)} positions have no id ({why})")
+            self.warn(
+                "topk_ids_unknown",
+                "top-k candidates came as token strings that map to no id (stored as -1 with their logprob; "
+                "llama-cpp-python sends an EOS as ''): a flip to such a candidate has no id to compare; each "
+                "row's error field counts them",
+            )
+        note = "; ".join(notes)
         rec = outcome.record
         return Outcome(
             dataclasses.replace(rec, error=f"{rec.error}; {note}" if rec.error else note), toks, outcome.prompt_ids
         )
+
+
+def unmapped_topk(toks: TokenColumns) -> np.ndarray:
+    """[n] per position, the top-k candidates with a value (logprob or logit) but no id (-1)."""
+    known = ~np.isnan(toks.topk_logprob)
+    if toks.topk_logit is not None:
+        known |= ~np.isnan(toks.topk_logit)
+    return ((toks.topk_id < 0) & known).sum(axis=1)
 
 
 def _as_logits(t: TokenColumns) -> TokenColumns:

@@ -53,6 +53,17 @@ _KEEP_ALIVE_DEFAULT = (
 
 POLL_S = 0.5  # how often a not-ready engine is asked again (--wait-ready)
 
+# Sampling penalties sent neutral with every request, per engine (a prompt's own fields win): a
+# penalty moves the chosen token off the argmax of the logits the engine reports. llama-server
+# takes its defaults from its command line (--repeat-penalty, --dry-multiplier, ...), which a
+# request's fields override (tools/server/server-schema.cpp); llama-cpp-python's server applies
+# repeat_penalty 1.1 by default (llama_cpp/server/types.py repeat_penalty_field): 12/12 pairs
+# unexplained against llama-server until 1.0 was sent (issue 24).
+NEUTRAL_PENALTIES = {
+    "llamacpp": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0},
+    "llama-cpp-python": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+}
+
 
 @dataclass
 class ProbeResult:
@@ -191,6 +202,10 @@ async def probe(session: aiohttp.ClientSession, base: str, dialect: str, wait_re
             )
         res.engine.update({k: v for k, v in seen.engine.items() if k not in res.engine})
     _keep_alive(session, res)
+    neutral = NEUTRAL_PENALTIES.get(res.engine_kind, {})
+    if neutral:
+        res.extra_body = {**neutral, **res.extra_body}
+        res.engine["neutral_penalties"] = neutral  # recorded: what every request sends unless a prompt says otherwise
     res.engine["warnings"] = res.warnings
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -217,7 +232,23 @@ def _engine_of(res: ProbeResult) -> str:
         return "llamacpp"
     if "info" in res.engine:  # TGI's /info answered; its /v1/models says owned_by = the model id
         return "tgi"
+    if owned == "me" and str(res.engine.get("headers", {}).get("server", "")).lower().startswith("uvicorn"):
+        # llama-cpp-python's server: ModelData owned_by "me", served by uvicorn (llama_cpp/server/app.py)
+        return "llama-cpp-python"
     return owned if owned in _OWNED_BY else res.dialect
+
+
+_PENALTY_DEFAULTS = ("repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "dry_multiplier")
+
+
+def _props(body: dict) -> dict:
+    """llama.cpp's /props: version, slots, model, and the server's default sampling penalties
+    (`default_generation_settings.params`: what a request that names none gets)."""
+    out = {k: body.get(k) for k in ("build_info", "total_slots", "model_path")}
+    params = (body.get("default_generation_settings") or {}).get("params") or {}
+    if isinstance(params, dict):
+        out["default_penalties"] = {k: params[k] for k in _PENALTY_DEFAULTS if k in params}
+    return out
 
 
 async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, status: int, owned: str):
@@ -228,7 +259,7 @@ async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, s
         if owned == "llamacpp":  # its version lives in /props
             st, body, _ = await _get(session, base + "/props")
             if st == 200 and isinstance(body, dict):
-                engine["props"] = {k: body.get(k) for k in ("build_info", "total_slots", "model_path")}
+                engine["props"] = _props(body)
         return res
     st, info, h = await _get(session, base + "/info")
     if st == 200 and isinstance(info, dict) and "model_id" in info:
@@ -242,7 +273,7 @@ async def _decide(session: aiohttp.ClientSession, base: str, res: ProbeResult, s
         st, body, h = await _get(session, base + route)
         if st == 200 and body is not None and (route == "/slots" or "build_info" in body):
             if isinstance(body, dict):
-                engine["props"] = {k: body.get(k) for k in ("build_info", "total_slots", "model_path")}
+                engine["props"] = _props(body)
             res.dialect, res.reason = "llamacpp", f"{route} answered (llama.cpp server)"
             return res
     # SGLang: /model_info, and /get_model_info, its deprecated alias that older versions have alone
