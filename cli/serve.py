@@ -91,6 +91,11 @@ def _fault(ctx, param, value):
     help="Deterministic mode: each decode row computed as if alone, prefill split only at blocks "
     "(outputs independent of batch mates; slower).",
 )
+@click.option(
+    "--eager-decode",
+    is_flag=True,
+    help="Decode steps eagerly, not as CUDA graphs (the graphs are bitwise the eager step; CUDA only).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log engine internals to stderr.")
 def cmd(
     model_dir,
@@ -111,6 +116,7 @@ def cmd(
     served_model_name,
     inject_fault,
     batch_invariant,
+    eager_decode,
     verbose,
 ) -> None:
     """Serve a causal LM over an OpenAI-compatible /v1/completions API.
@@ -157,6 +163,7 @@ def cmd(
         threads=threads,
         prefill_chunk=prefill_chunk,
         batch_invariant=batch_invariant,
+        eager_decode=eager_decode,
         read_timeout_s=read_timeout_s,
     )
     asyncio.run(serve(cfg))

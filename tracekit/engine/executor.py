@@ -22,6 +22,8 @@ import torch
 from .. import dtypes, hfcompat, modelinfo
 from ..errors import ConfigError, EngineError
 from .kernels import step_kernels
+from .stepgraph import GRAPH_ATTNS, NoGraph, StepGraph
+from .stepgraph import MODES as GRAPH_MODES
 
 SAMPLING_EPS = 1e-5
 
@@ -76,6 +78,7 @@ class ModelExecutor:
         slots: int = 4,
         max_context: int | None = None,
         batch_invariant: bool = False,
+        decode_graphs: str | None = None,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -122,6 +125,19 @@ class ModelExecutor:
         self.model_type = str(getattr(cfg, "model_type", "?"))
         self.allow_cudnn = False  # True only to measure why it is off (tracekit/engine/kernels.py)
         self.fault = None  # faults_hooks.EngineFault (TESTING ONLY; None = healthy)
+        # Decode steps as CUDA graphs with holes (stepgraph.py), bitwise the eager step: "graphs"
+        # (default on CUDA with sdpa), "eager" (default elsewhere), "inline" (the same recorded path
+        # without graphs, for CPU tests). One StepGraph per batch size, None where it cannot record.
+        if decode_graphs is None:
+            decode_graphs = "graphs" if self.device.type == "cuda" and attn in GRAPH_ATTNS else "eager"
+        if decode_graphs not in GRAPH_MODES:
+            raise EngineError(f"decode_graphs {decode_graphs!r}: one of {', '.join(GRAPH_MODES)}")
+        if decode_graphs == "graphs" and self.device.type != "cuda":
+            raise EngineError("decode_graphs 'graphs' needs a CUDA device (use 'inline' to test the path on CPU)")
+        self.decode_graphs = decode_graphs
+        self._graphs: dict[int, StepGraph | None] = {}
+        self.graph_log: list[str] = []  # batch sizes captured, and why any stayed eager
+        self._capture_stream = None
 
     def _eos_ids(self, path: Path) -> list[int]:
         """What the model's files state (tracekit.modelinfo, the one reader). Only when they state
@@ -185,7 +201,9 @@ class ModelExecutor:
         cache = b.cache()
         li = torch.tensor(lengths, device=dev)
         ids = torch.tensor(next_ids, device=dev)[:, None]
-        if self.fault is None:
+        if self.fault is None and self.decode_graphs != "eager" and not self.allow_cudnn:
+            logits = self._graph_step(b, cache, li, ids)
+        elif self.fault is None:
             logits = self._forward(ids, li[:, None], b.mask[:, : b.n + 1], cache)
         else:
             with self.fault.scaled(self.model, len(slots)):
@@ -197,6 +215,48 @@ class ModelExecutor:
         b.n += 1
         b.lengths = [n + 1 for n in lengths]
         return logits
+
+    def _graph_step(self, b: "_Batch", cache, li: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The step through this batch size's StepGraph: its first step runs eagerly (on the
+        capture stream, which it warms) and records the graphs; every later one replays them.
+        Bitwise the eager step (stepgraph.py); a batch size that cannot record stays eager."""
+        bsz, mask, pos = len(b.slots), b.mask[:, : b.n + 1], li[:, None]
+        sg = self._graphs.get(bsz, False)
+        if sg is None:
+            return self._forward(ids, pos, mask, cache)
+        if sg is not False:
+            with step_kernels(self.device, 1, False):
+                return sg.run(cache, mask, ids, pos)
+        if self.decode_graphs == "graphs":
+            if self._capture_stream is None:
+                self._capture_stream = torch.cuda.Stream(device=self.device)
+            stream = self._capture_stream
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                logits = self._forward(ids, pos, mask, cache)
+            torch.cuda.current_stream().wait_stream(stream)
+            logits.record_stream(torch.cuda.current_stream())  # made on the capture stream, read on this one
+        else:
+            logits = self._forward(ids, pos, mask, cache)
+        try:
+            sg = StepGraph(self.model, self._cache_kw, bsz, self.device, self.decode_graphs)
+            sg.capture(b.cache(), mask, ids, pos, self._capture_stream)
+            self.graph_log.append(f"batch {bsz}: recorded ({self.decode_graphs})")
+        except NoGraph as e:
+            sg = None
+            self.graph_log.append(f"batch {bsz}: eager ({e})")
+        self._graphs[bsz] = sg
+        return logits
+
+    def graph_report(self) -> dict:
+        """For the engine's self-report (/v1/models meta.decode_graphs)."""
+        items = list(self._graphs.items())  # read from the HTTP thread while the owner loop may add one
+        return {
+            "mode": self.decode_graphs,
+            "batch_sizes": sorted(k for k, v in items if v is not None),
+            "eager_batch_sizes": sorted(k for k, v in items if v is None),
+            "log": self.graph_log[-16:],
+        }
 
     def _build_batch(self, slots: list[int], lengths: list[int]) -> "_Batch":
         """Gather the slots' KV left-padded to the longest, with headroom to grow in place."""

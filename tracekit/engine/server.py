@@ -56,6 +56,7 @@ class ServeConfig:
     threads: int = 0
     prefill_chunk: int = 0
     batch_invariant: bool = False  # decode rows one by one, prefill split only at blocks
+    eager_decode: bool = False  # no CUDA graphs for decode steps (stepgraph.py; bitwise either way)
     read_timeout_s: float = 30.0  # first request's headers, and each request body, must arrive within this
 
 
@@ -88,7 +89,14 @@ class App:
             hf_logging.disable_progress_bar()
         c = self.cfg
         self.executor = ModelExecutor(
-            c.model_dir, c.dtype, c.attn, c.device, c.slots, c.max_context, batch_invariant=c.batch_invariant
+            c.model_dir,
+            c.dtype,
+            c.attn,
+            c.device,
+            c.slots,
+            c.max_context,
+            batch_invariant=c.batch_invariant,
+            decode_graphs="eager" if c.eager_decode else None,
         )
         fault = parse_fault(c.fault)
         cache = PrefixCache(c.block_size, c.cache_blocks, fault) if c.prefix_cache else None
@@ -129,6 +137,7 @@ class App:
             "model_dir": os.path.abspath(c.model_dir),
             "max_logprobs": 20,
             "attn_kernels": describe_kernels(r.device, r.allow_cudnn),
+            "decode_graphs": r.graph_report(),  # per batch size: graphed or eager (and why)
             **memory_report(r),  # kv_bytes_per_slot (from the config), weights, device peak
         }
 
