@@ -1,9 +1,13 @@
 """Classify every aligned pair by the divergence taxonomy, vectorised.
 
-All per-position work runs on the concatenated rows of every pair [T] with
-numpy; Python touches each pair at most once (to format its rule text). Top-k
-rows are read only at the D divergence positions (evidence.py). A benign class
-is a claim, and every part of it is checked (docs/analysis.md):
+`facts()` measures every number a verdict rests on into facts.Facts (one
+SideEvidence per side); checks.py's table of named checks judges them (the
+verdict: the first class whose checks all pass); rules.py words the verdict
+(an `unexplained` text is the failed checks' reasons). All per-position work
+runs on the concatenated rows of every pair [T] with numpy; Python touches each
+pair at most once (to format its rule text). Top-k rows are read only at the D
+divergence positions (evidence.py). A benign class is a claim, and every part
+of it is checked (docs/analysis.md):
 
   incomparable   missing / failed / ambiguous key / different prompt / sampled /
                  asked differently / replayed other tokens / unknown ids (align.py)
@@ -36,11 +40,13 @@ from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError
 from tracekit.verdicts import PRECEDENCE
 
-from . import evidence
+from . import checks, evidence
 from .align import Alignment
 from .eos_policy import skipped_eos
+from .facts import FLIP, LENGTH, NONE, SAME, Facts, columns, side_evidence
 from .grid import FLOOR_ABS, on_grid
-from .positions import chosen_values, drift, drift_ok, eos_before, first_divergence
+from .positions import chosen_values, drift, eos_before, first_divergence
+from .rules import rule_text
 from .streams import truncation
 
 CLASSES = tuple(v.value for v in PRECEDENCE)  # the order the rules decide in (tracekit/verdicts.py)
@@ -136,46 +142,7 @@ def _take(col: np.ndarray, rows: np.ndarray, mask: np.ndarray, fill: int = -1) -
     return np.where(mask, col[np.where(mask, rows, 0)], fill)
 
 
-EV_FLOAT = (
-    "gap",
-    "gap_ulp",
-    "below",
-    "below_ulp",
-    "agree",
-    "agree_tol",
-    "move",
-    "move_ulp",
-    "prob_sum",
-    "lse",
-    "lse_tol",
-    "col_lp",
-    "max_lp",
-    "unk_above",
-    "dup_id",
-    "dup_lp1",
-    "dup_lp2",
-    "topk_lp",
-    "lg_mine",
-    "lg_other",
-)
-EV_BOOL = ("greedy_ok", "tie_ok", "num_ok", "agree_ok", "move_ok", "own_in_topk", "row_ok")
-EV_INT = ("top1", "row_bad")
 BITS = {d.mantissa_bits: name for name, d in DTYPES.items()}
-
-
-def _col(name: str, s: str) -> str:
-    """Column name of an evidence float: gap_a, gap_a_ulp, below_b_ulp, agree_tol_a, move_a, ..."""
-    return f"{name[:-4]}_{s}_ulp" if name.endswith("_ulp") else f"{name}_{s}"
-
-
-def _empty_evidence(P: int) -> dict[str, np.ndarray]:
-    ev: dict[str, np.ndarray] = {"topk_overlap": np.full(P, np.nan)}
-    for s in ("a", "b"):
-        ev.update({_col(n, s): np.full(P, np.nan) for n in EV_FLOAT})
-        ev.update({f"{n}_{s}": np.zeros(P, bool) for n in EV_BOOL})
-        ev.update({f"{n}_{s}": np.full(P, -1 if n == "top1" else 0, np.int64) for n in EV_INT})
-    ev["b_in_topk_a"], ev["a_in_topk_b"] = np.zeros(P, bool), np.zeros(P, bool)
-    return ev
 
 
 def _refine(bits: np.ndarray, fixed: bool, rows, D: np.ndarray, note: np.ndarray, label: str) -> np.ndarray:
@@ -205,9 +172,34 @@ def classify(
     dtypes: tuple[np.ndarray, np.ndarray],
     fixed: tuple[bool, bool] = (False, False),
 ) -> dict[str, np.ndarray]:
-    """All result columns [P] except `rule` and `teacher`. dtypes: each side's
-    dtype name per pair (fixed: given with --dtype); the pair is judged on the
-    coarser of the two grids, after the logits at its difference had their say."""
+    """All result columns [P] except `teacher`. dtypes: each side's dtype name per pair
+    (fixed: given with --dtype); the pair is judged on the coarser of the two grids,
+    after the logits at its difference had their say."""
+    f = facts(al, thr, eos_ids, dtypes, fixed)
+    j = checks.judge(f)
+    numeric = checks.num_ok(f, f.a) & checks.num_ok(f, f.b) & checks.move_ok(f, f.a) & checks.move_ok(f, f.b)
+    for i in np.flatnonzero(j.holds["post_eos"] & (f.kind == FLIP) & ~numeric).tolist():
+        f.note[i] = "after the EOS the streams differ by more than numeric noise (see gaps)"
+    for i in np.flatnonzero((j.cls == "unexplained") & (f.eos_skip.why_not != "")).tolist():
+        f.note[i] = f"{f.note[i]}; {f.eos_skip.why_not[i]}" if f.note[i] else f.eos_skip.why_not[i]
+    cols = columns(f, checks.side_flags(f))
+    cols.update(
+        cls=j.cls,
+        drift_ok=j.ok["drift"],
+        sound_ok=j.ok["sound_drift"],
+        rule=np.array([rule_text(f, j, i) for i in range(len(f.key))], dtype=object),
+    )
+    return cols
+
+
+def facts(
+    al: Alignment,
+    thr: Thresholds,
+    eos_ids: np.ndarray,
+    dtypes: tuple[np.ndarray, np.ndarray],
+    fixed: tuple[bool, bool] = (False, False),
+) -> Facts:
+    """Measure every number the checks read (facts.Facts), vectorised over the pairs."""
     P = len(al.keys)
     bits_a = np.array([DTYPES[d].mantissa_bits for d in dtypes[0].tolist()], dtype=np.int64)
     bits_b = np.array([DTYPES[d].mantissa_bits for d in dtypes[1].tolist()], dtype=np.int64)
@@ -215,36 +207,35 @@ def classify(
     t, ta, tb = first_divergence(al)
     comparable = al.incomparable == ""
     same_len = al.n_a == al.n_b
-    identical = comparable & (t == al.length) & same_len
-    div = comparable & (t < al.length)
-    at = div | (comparable & (t == al.length) & ~same_len)  # or one side ended early
-    has_a, has_b = at & (t < al.n_a), at & (t < al.n_b)
-    token_a = _take(al.a.token_id, al.off_a + t, has_a)
-    token_b = _take(al.b.token_id, al.off_b + t, has_b)
+    kind = np.full(P, NONE, np.int8)
+    kind[comparable & (t == al.length) & same_len] = SAME
+    kind[comparable & (t == al.length) & ~same_len] = LENGTH  # identical up to where one side ended
+    kind[comparable & (t < al.length)] = FLIP
+    at = (kind == FLIP) | (kind == LENGTH)
+    token_a = _take(al.a.token_id, al.off_a + t, at & (t < al.n_a))
+    token_b = _take(al.b.token_id, al.off_b + t, at & (t < al.n_b))
 
     # The top-k rows at the D first differences: the only top-k rows read.
-    D = np.flatnonzero(div)
-    ev = _empty_evidence(P)
-    sides = None  # the SideRows and the top-k rows at D
+    D = np.flatnonzero(kind == FLIP)
+    rows, tops = ((), ()), ((), ())
     if len(D):
         rows_a, rows_b = al.off_a[D] + t[D], al.off_b[D] + t[D]
-        ids_a, lps_a, lg_a = evidence.fetch_rows(al.a, rows_a)
-        ids_b, lps_b, lg_b = evidence.fetch_rows(al.b, rows_b)
-        ra = evidence.side_row(ids_a, lps_a, lg_a, token_a[D], token_b[D], al.a.logprob[rows_a].astype(np.float64))
-        rb = evidence.side_row(ids_b, lps_b, lg_b, token_b[D], token_a[D], al.b.logprob[rows_b].astype(np.float64))
+        top_a, top_b = evidence.fetch_rows(al.a, rows_a), evidence.fetch_rows(al.b, rows_b)
+        ra = evidence.side_row(*top_a, token_a[D], token_b[D], al.a.logprob[rows_a].astype(np.float64))
+        rb = evidence.side_row(*top_b, token_b[D], token_a[D], al.b.logprob[rows_b].astype(np.float64))
         bits_a = _refine(bits_a, fixed[0], ra, D, note, "A")
         bits_b = _refine(bits_b, fixed[1], rb, D, note, "B")
-        sides = ((ra, rb), ((ids_a, lps_a, lg_a), (ids_b, lps_b, lg_b)))
+        rows, tops = (ra, rb), (top_a, top_b)
     pair_bits = np.minimum(bits_a, bits_b)
     pair_dtype = np.array([BITS[int(b)] for b in pair_bits], dtype=object)
     tol = tol_columns(thr, pair_dtype)
+    measured: tuple[dict, dict] = ({}, {})
+    overlap = np.full(P, np.nan)
     if len(D):
-        got = evidence.measure(
-            ra, rb, pair_bits[D], bits_a[D], bits_b[D], {k: v[D] for k, v in tol.items()}, thr.grid_floor
+        measured = evidence.measure(
+            *rows, pair_bits[D], bits_a[D], bits_b[D], {k: v[D] for k, v in tol.items()}, thr.grid_floor
         )
-        for k, v in got.items():
-            ev[k][D] = v
-        ev["topk_overlap"][D] = evidence.topk_overlap(ids_a, ids_b)
+        overlap[D] = evidence.topk_overlap(tops[0][0], tops[1][0])
 
     # Drift before the difference, and up to (and including) A's EOS for post_eos.
     values = chosen_values(al, pair_bits)
@@ -256,13 +247,80 @@ def classify(
     per_step = np.ldexp(1.0, 4 - pair_bits)
     x = np.where(values.on_logits, tol["drift_nats"] / per_step, tol["drift_nats"])
     m = np.where(values.on_logits, tol["drift_mean_nats"] / per_step, tol["drift_mean_nats"])
-    main_ok, sound_ok = drift_ok(main, x, m), drift_ok(sound, x, m)
 
+    trunc_a, trunc_b, refuted = _streams(al, comparable, eos_pos)
+    ba, bb = _boundary(al.a, al.row_a), _boundary(al.b, al.row_b)
+    valid_a, valid_b = _valid_boundary(al.a, al.row_a, ba), _valid_boundary(al.b, al.row_b, bb)
+    bits_name = (
+        np.array([BITS[int(b)] for b in bits_a], dtype=object),
+        np.array([BITS[int(b)] for b in bits_b], dtype=object),
+    )
+    side = [
+        side_evidence(
+            dict(
+                token=tok,
+                n=n,
+                trunc=tr,
+                boundary=bd,
+                boundary_valid=ok,
+                prompt_len=_col_of(s, r, "prompt_len"),
+                dtype=dt,
+            ),
+            got,
+            D,
+        )
+        for tok, n, tr, bd, ok, s, r, dt, got in (
+            (token_a, al.n_a, trunc_a, ba, valid_a, al.a, al.row_a, bits_name[0], measured[0]),
+            (token_b, al.n_b, trunc_b, bb, valid_b, al.b, al.row_b, bits_name[1], measured[1]),
+        )
+    ]
+    f = Facts(
+        key=al.keys,
+        incomparable=al.incomparable,
+        kind=kind,
+        position=np.where(at, t, -1),
+        compared=al.length,
+        a=side[0],
+        b=side[1],
+        topk_overlap=overlap,
+        dtype=pair_dtype,
+        tol=tol,
+        main=main,
+        sound=sound,
+        on_logits=values.on_logits,
+        drift_tol=x,
+        drift_mean_tol=m,
+        eos_pos=eos_pos,
+        eos_id=_take(al.a.token_id, al.off_a + eos_pos, eos_pos >= 0),
+        eos_known=np.full(P, len(eos_ids) > 0),
+        eos_refuted=refuted,
+        eos_skip=None,
+        boundary_differs=(ba >= 0) & (bb >= 0) & valid_a & valid_b & (ba != bb),
+        vllm_close=np.where(comparable, 1, -1).astype(np.int8),
+        note=note,
+    )
     # vLLM's check_logprobs_close: at the first difference each token is in the
     # other's top-k; sequences equal over zip() pass. 1 pass, 0 fail, -1 n/a.
-    vllm = np.where(comparable, 1, -1).astype(np.int8)
-    vllm[div] = (ev["b_in_topk_a"] & ev["a_in_topk_b"])[div]
+    f.vllm_close[D] = checks.both_in_topk(f)[D]
+    # At an EOS one side emitted and llama.cpp's ignore_eos skipped (its sampler's -inf bias).
+    f.eos_skip = skipped_eos(al, t, (token_a, token_b), eos_ids, D, rows, tops, f, _skip_sound(f))
+    for i in np.flatnonzero(comparable & (main.n == 0) & (main.nonfinite == 0) & (t > 0)).tolist():
+        note[i] = note[i] or "drift not verified: a side stored no logprob for this request"
+    return f
 
+
+def _skip_sound(f: Facts) -> np.ndarray:
+    """[P] what a skipped EOS rests on besides its own rule: drift before it, complete streams,
+    sane rows whose logits and logprobs agree, both candidates moved within tolerance."""
+    ok = checks.main_drift_ok(f) & (f.a.trunc == "") & (f.b.trunc == "") & (f.kind == FLIP)
+    for s in (f.a, f.b):
+        ok &= checks.row_ok(f, s) & checks.agree_ok(f, s) & checks.move_ok(f, s)
+    return ok
+
+
+def _streams(al: Alignment, comparable: np.ndarray, eos_pos: np.ndarray):
+    """Per pair [P]: each side's truncation ('' when complete) and why A's EOS is refuted ('')."""
+    P = len(al.keys)
     trunc_a, trunc_b = np.full(P, "", dtype=object), np.full(P, "", dtype=object)
     refuted = np.full(P, "", dtype=object)
     for i in np.flatnonzero(comparable).tolist():
@@ -273,92 +331,7 @@ def classify(
             for label, n, ask in (("A", al.n_a[i], al.asked_a[i]), ("B", al.n_b[i], al.asked_b[i])):
                 if n > e + 1 and ask.ignore_eos == 0 and not refuted[i]:
                     refuted[i] = f"{label} went on past the EOS at {e} although its request did not ignore EOS"
-    complete = (trunc_a == "") & (trunc_b == "")
-
-    def both(name):
-        return ev[f"{name}_a"] & ev[f"{name}_b"]
-
-    ba, bb = _boundary(al.a, al.row_a), _boundary(al.b, al.row_b)
-    valid_a, valid_b = _valid_boundary(al.a, al.row_a, ba), _valid_boundary(al.b, al.row_b, bb)
-    boundary_differs = (ba >= 0) & (bb >= 0) & valid_a & valid_b & (ba != bb)
-    shared = div & both("row_ok") & both("greedy_ok") & both("move_ok") & both("agree_ok") & main_ok & complete
-    tie = shared & both("tie_ok")
-    boundary = shared & boundary_differs & both("num_ok")
-    post = at & (eos_pos >= 0) & sound_ok & complete & (refuted == "")
-    # At an EOS one side emitted and llama.cpp's ignore_eos skipped (its sampler's -inf bias).
-    skip = skipped_eos(al, t, (token_a, token_b), eos_ids, D, *(sides or ((), ())), ev, div & main_ok & complete)
-
-    cls = np.full(P, "unexplained", dtype=object)
-    cls[boundary] = "cache_boundary"
-    cls[tie] = "bf16_tie_flip"
-    cls[post | (skip.head != "")] = "post_eos"
-    cls[identical & main_ok & complete] = "identical"
-    cls[~comparable] = "incomparable"
-    for i in np.flatnonzero(comparable & (main.n == 0) & (main.nonfinite == 0) & (t > 0)).tolist():
-        note[i] = note[i] or "drift not verified: a side stored no logprob for this request"
-    for i in np.flatnonzero(post & div & ~(both("num_ok") & both("move_ok"))).tolist():
-        note[i] = "after the EOS the streams differ by more than numeric noise (see gaps)"
-    for i in np.flatnonzero((cls == "unexplained") & (skip.why_not != "")).tolist():
-        note[i] = f"{note[i]}; {skip.why_not[i]}" if note[i] else skip.why_not[i]
-    return dict(
-        key=al.keys,
-        cls=cls,
-        position=np.where(at, t, -1),
-        token_a=token_a,
-        token_b=token_b,
-        boundary_a=ba,
-        boundary_b=bb,
-        boundary_valid_a=valid_a,
-        boundary_valid_b=valid_b,
-        prompt_len_a=_col_of(al.a, al.row_a, "prompt_len"),
-        prompt_len_b=_col_of(al.b, al.row_b, "prompt_len"),
-        drift_max=main.max,
-        drift_mean=main.mean,
-        drift_n=main.n,
-        drift_on_logits=values.on_logits,
-        drift_raw_max=main.raw_max,
-        drift_tol=x,
-        drift_mean_tol=m,
-        drift_ok=main_ok,
-        nonfinite=main.nonfinite,
-        nonfinite_pos=main.nonfinite_pos,
-        nonfinite_a=main.nonfinite_a,
-        nonfinite_b=main.nonfinite_b,
-        inconsistent=main.inconsistent,
-        inconsistent_pos=main.inconsistent_pos,
-        inconsistent_side=main.inconsistent_said[:, 0],
-        inconsistent_col=main.inconsistent_said[:, 1],
-        inconsistent_topk=main.inconsistent_said[:, 2],
-        sound_drift_max=sound.max,
-        sound_drift_n=sound.n,
-        sound_drift_mean=sound.mean,
-        sound_nonfinite=sound.nonfinite,
-        sound_nonfinite_pos=sound.nonfinite_pos,
-        sound_inconsistent=sound.inconsistent,
-        sound_inconsistent_pos=sound.inconsistent_pos,
-        sound_ok=sound_ok,
-        bitwise=main.bitwise & comparable,
-        vllm_close=vllm,
-        len_a=al.n_a,
-        len_b=al.n_b,
-        compared=al.length,
-        eos_pos=eos_pos,
-        eos_id=_take(al.a.token_id, al.off_a + eos_pos, eos_pos >= 0),
-        eos_known=np.full(P, len(eos_ids) > 0),
-        eos_refuted=refuted,
-        eos_skip=skip.head,
-        eos_skipped_by=skip.by,
-        incomparable=al.incomparable,
-        dtype_a=np.array([BITS[int(b)] for b in bits_a], dtype=object),
-        dtype_b=np.array([BITS[int(b)] for b in bits_b], dtype=object),
-        dtype=pair_dtype,
-        trunc_a=trunc_a,
-        trunc_b=trunc_b,
-        boundary_differs=boundary_differs,
-        note=note,
-        **{f"tol_{k}": v for k, v in tol.items()},
-        **ev,
-    )
+    return trunc_a, trunc_b, refuted
 
 
 def _col_of(side, rows: np.ndarray, name: str) -> np.ndarray:

@@ -25,7 +25,7 @@ from .classify import Thresholds, classify
 from .eos_policy import ignore_eos_note
 from .grid import Grid, PairGrids, normalise, pair_grids
 from .reported import reported_checks
-from .result import DiffResult, rule_text
+from .result import DiffResult
 from .streams import context_notes
 
 EOS_UNKNOWN = (
@@ -200,7 +200,6 @@ def diff(
         dt_b, more_b = side_dtypes(side_b, al.row_b, grid_b, dtype, "B")
         fixed = (bool(dtype), bool(dtype))
         cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b), fixed)
-        cols["rule"] = np.array([rule_text(cols, i) for i in range(len(al.keys))], dtype=object)
         limited, limit_lines = context_notes(al)  # streams the engine stopped at its context limit
         for i, n in enumerate(limited):
             if n:

@@ -33,6 +33,7 @@ import numpy as np
 
 from tracekit.runrecord import record_of
 
+from .checks import greedy_ok
 from .evidence import GREEDY_NATS
 
 _GOES_ON = "an EOS that ranks first is emitted and generation goes on"
@@ -162,28 +163,29 @@ def _name(fam: str | None) -> str:
     return POLICY[fam][0] if fam in POLICY else f"of family {fam!r}" if fam else "of unknown family"
 
 
-def skipped_eos(al, t, tokens, eos_ids, D, rows, tops, ev, sound) -> Skipped:
+def skipped_eos(al, t, tokens, eos_ids, D, rows, tops, f, checked) -> Skipped:
     """The rule, per pair: at the first difference t side S emitted one of the known EOS ids
     (A's, as post_eos uses them) and side L, a llama.cpp stream whose request asked ignore_eos,
     ranks that same EOS first (by logprob, and by logit where it has logits) and chose its best
     non-EOS candidate (its top-1 once every known EOS id is removed); S chose its own top-1,
     went on past it only where its request ignored EOS, and is no llama.cpp with ignore_eos
-    itself; both rows sane, logits and logprobs agree, both candidates moved within the drift
-    tolerance, and `sound` ([P]: drift before t within tolerance, both streams complete).
+    itself; and `checked` ([P]: both rows sane, logits and logprobs agree, both candidates
+    moved within the drift tolerance, drift before t within tolerance, both streams complete).
 
     al: Alignment; t [P]; tokens (token_a, token_b) [P]; D [D] the pairs differing at t; rows
-    (SideRow A, SideRow B) and tops ((ids, lps, logits) A, B) at D; ev: evidence columns [P]."""
+    (SideRow A, SideRow B) and tops ((ids, lps, logits) A, B) at D; f: facts.Facts [P]."""
+
     P = len(al.keys)
     out = Skipped(np.full(P, "", object), np.full(P, "", object), np.full(P, "", object))
     eos_ids = np.asarray(eos_ids, dtype=np.int64)
     if not len(D) or not len(eos_ids):
         return out
     fam = (family(al.a.meta), family(al.b.meta))
-    checked = sound & ev["row_ok_a"] & ev["row_ok_b"] & ev["agree_ok_a"] & ev["agree_ok_b"]
-    checked &= ev["move_ok_a"] & ev["move_ok_b"]
+    sides = (f.a, f.b)
     asked, n = (al.asked_a, al.asked_b), (al.n_a, al.n_b)
     for s, o in ((0, 1), (1, 0)):  # S emitted the EOS, the other (L) may have skipped it
-        S, L, xs = "AB"[s], "AB"[o], "ab"[s]
+        S, L = "AB"[s], "AB"[o]
+        greedy = greedy_ok(f, sides[s])
         tok_s, tok_l = tokens[s][D], tokens[o][D]
         emitted = np.isin(tok_s, eos_ids)
         if not emitted.any():
@@ -209,8 +211,8 @@ def skipped_eos(al, t, tokens, eos_ids, D, rows, tops, ev, sound) -> Skipped:
             if not best[j]:
                 other = int(id_lp[j]) if not by_lp[j] or by_lg[j] else int(id_lg[j])
                 why.append(f"{L}'s token {int(tok_l[j])} is not its best non-EOS candidate ({other})")
-            if not ev[f"greedy_ok_{xs}"][i]:
-                why.append(f"{S}'s EOS {e} is not its own top-1 ({int(ev[f'top1_{xs}'][i])})")
+            if not greedy[i]:
+                why.append(f"{S}'s EOS {e} is not its own top-1 ({int(sides[s].top1[i])})")
             if n[s][i] > at + 1 and ask_s.ignore_eos == 0:
                 why.append(f"{S} went on past its EOS at {at} although its request did not ignore EOS")
             if fam[s] == SKIPS and ask_s.ignore_eos == 1:

@@ -13,7 +13,8 @@ side's token y):
                moved between the traces (steps of logits when both have them, and nats)
   row_bad_s    what is wrong with s's row itself (flags below)
 
-and checks each against the pair's tolerances (classify.Tol, per dtype):
+into facts.SideEvidence; checks.py judges each against the pair's tolerances
+(classify.Tol, per dtype):
 
 - greedy: the chosen token is its own top-1 by logit AND by logprob, ties
   allowed and nothing else. Engines report the values they take the argmax of,
@@ -39,7 +40,7 @@ from tracekit.store import read_token_rows
 
 from .grid import spacing, steps
 
-# row_bad flags (rules.py words them)
+# row_bad flags (checks.py words them)
 DUP_ID, POS_INF, POSITIVE_LP, SUM_OVER_ONE, UNKNOWN_ABOVE, CAND_LOGIT, COLUMN = 1, 2, 4, 8, 16, 32, 64
 COLUMN_NATS = 1e-4  # the chosen-logprob column and the top-k row come from one response
 GREEDY_NATS = 1e-6  # float32 logprobs of equal logits are equal; this only absorbs their last bit
@@ -175,60 +176,39 @@ def topk_overlap(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:
     return np.where(n > 0, hits / np.maximum(n, 1), np.nan)
 
 
-def _within(ulp: np.ndarray, nats: np.ndarray, tol_ulp: np.ndarray, tol_nats: np.ndarray) -> np.ndarray:
-    """|value| within tolerance: in steps where measured on logits, else in nats (NaN fails)."""
-    return np.where(np.isfinite(ulp), np.abs(ulp) <= tol_ulp, np.abs(nats) <= tol_nats)
-
-
 def _unit(row: SideRow, bits, floor_abs: float) -> np.ndarray:
     """One grid step at the row's scale (its top), never finer than at the floor |x|."""
     return spacing(np.fmax(row.scale, floor_abs), bits)
 
 
-def measure(a: SideRow, b: SideRow, bits, bits_a, bits_b, tol, floor_abs: float):
-    """All evidence columns [D] and check flags. bits: the pair's (coarser) grid;
-    bits_a/bits_b each side's own grid (its greedy check). tol: dict of [D]
-    tolerance arrays (classify.tol_columns)."""
-    ev: dict[str, np.ndarray] = {}
-    for s, row, own_bits in (("a", a, bits_a), ("b", b, bits_b)):
-        gap_ulp = steps(row.lg_mine, row.lg_other, bits, row.scale, floor_abs)
+def measure(a: SideRow, b: SideRow, bits, bits_a, bits_b, tol, floor_abs: float) -> tuple[dict, dict]:
+    """Each side's row fields of facts.SideEvidence [D] (numbers only: checks.py judges
+    them). bits: the pair's (coarser) grid; bits_a/bits_b each side's own grid (its greedy
+    check). tol: dict of [D] tolerance arrays (classify.tol_columns)."""
+    out: tuple[dict, dict] = ({}, {})
+    for ev, row, own_bits in ((out[0], a, bits_a), (out[1], b, bits_b)):
         below_ulp = steps(row.lg_top, row.lg_mine, own_bits, row.scale, floor_abs)
-        below = row.lp_top - row.lp_mine
-        agree = (row.lg_mine - row.lg_other) - (row.lp_mine - row.lp_other)
-        agree_tol = tol["tie_ulps"] * _unit(row, bits, floor_abs)
-        ev[f"gap_{s}"], ev[f"gap_{s}_ulp"] = row.gap, gap_ulp
-        ev[f"below_{s}"], ev[f"below_{s}_ulp"] = below, below_ulp
-        ev[f"top1_{s}"] = np.where(np.isfinite(below_ulp) & (below_ulp > 0), row.top1, row.top1_lp)
-        ev[f"agree_{s}"], ev[f"agree_tol_{s}"] = agree, agree_tol
-        ev[f"own_in_topk_{s}"] = row.has_mine
-        ev[f"row_bad_{s}"], ev[f"prob_sum_{s}"] = row.bad, row.prob_sum
+        ev["gap"], ev["gap_ulp"] = row.gap, steps(row.lg_mine, row.lg_other, bits, row.scale, floor_abs)
+        ev["below"], ev["below_ulp"] = row.lp_top - row.lp_mine, below_ulp
+        ev["top1"] = np.where(np.isfinite(below_ulp) & (below_ulp > 0), row.top1, row.top1_lp)
+        ev["lp_top"], ev["lg_top"] = row.lp_top, row.lg_top
+        ev["agree"] = (row.lg_mine - row.lg_other) - (row.lp_mine - row.lp_other)
+        ev["agree_tol"] = tol["tie_ulps"] * _unit(row, bits, floor_abs)
+        ev["own_in_topk"], ev["other_in_topk"] = row.has_mine, row.has_other
+        ev["row_bad"], ev["prob_sum"] = row.bad, row.prob_sum
         det = row.detail.T
-        ev[f"col_lp_{s}"], ev[f"max_lp_{s}"], ev[f"unk_above_{s}"], ev[f"dup_id_{s}"] = det[:4]
-        ev[f"dup_lp1_{s}"], ev[f"dup_lp2_{s}"] = det[4:6]
-        ev[f"topk_lp_{s}"], ev[f"lg_mine_{s}"], ev[f"lg_other_{s}"] = row.lp_mine, row.lg_mine, row.lg_other
-        # Greedy: no entry above the choice, by logit (where measured) and by logprob.
-        by_logit = ~np.isfinite(row.lg_top) & ~np.isposinf(row.lg_top) | (below_ulp <= 0)
-        by_logprob = np.isnan(below) | (below <= GREEDY_NATS * np.maximum(1, np.abs(row.lp_top)))
-        ev[f"greedy_ok_{s}"] = row.has_mine & by_logit & by_logprob
-        ev[f"tie_ok_{s}"] = row.has_other & _within(gap_ulp, row.gap, tol["tie_ulps"], tol["tie_nats"])
-        ev[f"num_ok_{s}"] = row.has_other & _within(gap_ulp, row.gap, tol["drift_ulps"], tol["drift_nats"])
-        ev[f"agree_ok_{s}"] = ~np.isfinite(agree) | (np.abs(agree) <= agree_tol)
-        ev[f"row_ok_{s}"] = row.bad == 0
+        ev["col_lp"], ev["max_lp"], ev["unk_above"], ev["dup_id"] = det[:4]
+        ev["dup_lp1"], ev["dup_lp2"] = det[4:6]
+        ev["topk_lp"], ev["lg_mine"], ev["lg_other"] = row.lp_mine, row.lg_mine, row.lg_other
     scale = np.fmax(a.scale, b.scale)
     unit = np.fmax(_unit(a, bits, floor_abs), _unit(b, bits, floor_abs))
     # token_a: A's own, B's other; token_b: A's other, B's own. Movement = B - A.
-    for s, (lg_a, lp_a, lg_b, lp_b) in (
-        ("a", (a.lg_mine, a.lp_mine, b.lg_other, b.lp_other)),
-        ("b", (a.lg_other, a.lp_other, b.lg_mine, b.lp_mine)),
+    for ev, (lg_a, lp_a, lg_b, lp_b) in (
+        (out[0], (a.lg_mine, a.lp_mine, b.lg_other, b.lp_other)),
+        (out[1], (a.lg_other, a.lp_other, b.lg_mine, b.lp_mine)),
     ):
-        mv_ulp = steps(lg_b, lg_a, bits, scale, floor_abs)
-        mv = lp_b - lp_a
+        ev["move"], ev["move_ulp"] = lp_b - lp_a, steps(lg_b, lg_a, bits, scale, floor_abs)
         # With logits on both sides the logprob may move as its logit does plus the shift of
         # the normaliser, which a bounded move of every logit bounds by the same amount.
-        lse_shift = mv - (lg_b - lg_a)
-        ok_lp = np.where(np.isfinite(mv_ulp), ~(np.abs(lse_shift) > tol["drift_ulps"] * unit), True)
-        ev[f"move_{s}"], ev[f"move_{s}_ulp"] = mv, mv_ulp
-        ev[f"lse_{s}"], ev[f"lse_tol_{s}"] = lse_shift, tol["drift_ulps"] * unit
-        ev[f"move_ok_{s}"] = _within(mv_ulp, mv, tol["drift_ulps"], tol["drift_nats"]) & ok_lp
-    ev["b_in_topk_a"], ev["a_in_topk_b"] = a.has_other, b.has_other
-    return ev
+        ev["lse"], ev["lse_tol"] = (lp_b - lp_a) - (lg_b - lg_a), tol["drift_ulps"] * unit
+    return out

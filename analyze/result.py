@@ -19,9 +19,8 @@ from tracekit.verdicts import NAMES
 
 from .classify import CLASSES, Thresholds
 from .grid import Grid
-from .rules import rule_text
 
-__all__ = ["SCHEMA", "FAILING", "PairResult", "DiffResult", "rule_text"]
+__all__ = ["SCHEMA", "FAILING", "PairResult", "DiffResult"]
 
 SCHEMA = "tracekit.diff/2"
 FAILING = tuple(v.value for v in _FAILING)  # tracekit/verdicts.py
