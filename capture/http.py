@@ -62,6 +62,7 @@ class CaptureConfig:
     logprobs_mode: str = "auto"  # what the logprob fields hold; *_logits: stored as raw top-k logits
     wait_ready_s: float = 0.0  # wait this long for an engine still loading (503) or not listening yet
     cache_prompt: bool | None = None  # llama.cpp's per-request cache_prompt; None: not sent (the server decides)
+    eos_token_ids: tuple[int, ...] = ()  # EOS ids given as is (a matrix target's); the engine's report wins
 
 
 @dataclass(frozen=True)

@@ -213,9 +213,10 @@ def _cache_label(cfg, dialect: str) -> str:
 def build(cfg, pr, specs: list[RequestSpec], n_prompts: int, rate: float | None, numerics: dict) -> dict:
     """The run metadata of a capture as it starts (cfg: http.CaptureConfig, pr: the probe's
     result); the run adds `prompt_ids`, `pitfalls` and, at close, `prefix_cache_counters`."""
-    # The engine's own report first, else the files of the tokenizer directory (never guessed).
+    # The engine's own report first, else the ids given (a matrix target's eos_token_ids), else the
+    # files of the tokenizer directory (never guessed).
     tok_dir = cfg.tokenizer or (pr.tokenizer if pr.tokenizer and Path(pr.tokenizer).is_dir() else None)
-    eos = pr.eos_token_ids or (list(eos_token_ids(tok_dir)) if tok_dir else [])
+    eos = pr.eos_token_ids or list(cfg.eos_token_ids) or (list(eos_token_ids(tok_dir)) if tok_dir else [])
     dtype, dtype_source = resolve_dtype(cfg.dtype, cfg.run_meta.get("dtype"), numerics)
     lp_mode, mode_source = resolve_logprobs_mode(cfg.logprobs_mode, numerics)
     ids_from, unmapped = _token_ids_note(pr.dialect, cfg.tokenizer)

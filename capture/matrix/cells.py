@@ -48,6 +48,8 @@ def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode:
         timeout_s=s.timeout_s,
         repeat=s.repeats,
         api_key_env=m.target(cell.target).api_key_env,
+        tokenizer=m.target(cell.target).tokenizer,
+        eos_token_ids=m.target(cell.target).eos_token_ids,
         progress=False,
         run_meta={
             "cache": "on" if cell.prefix_cache else "off",

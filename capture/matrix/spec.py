@@ -46,6 +46,8 @@ TARGET_KEYS = {
     "env",
     "api_key_env",
     "variants",
+    "tokenizer",
+    "eos_token_ids",
     *AXES,
 }
 # The other configurations of a target that `tracekit explain` reruns a flip on (docs/explain.md).
@@ -87,6 +89,10 @@ class Target:
     axes: dict = field(default_factory=dict)  # per-target axis overrides
     api_key_env: str | None = None  # send `Authorization: Bearer $VAR`; `serve` targets also get --api-key-env VAR
     variants: dict = field(default_factory=dict)  # VARIANT_NAMES -> Variant
+    # Targets that are not `serve` (the reference engine reports both): the served model's HF
+    # tokenizer directory (token strings -> ids, and EOS ids from its files) and EOS ids given as is.
+    tokenizer: str | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
     def variant(self, name: str, dtype: str) -> tuple["Target", str] | None:
         """(the target of its `name` configuration, that configuration's dtype) for a cell in
@@ -246,7 +252,28 @@ def _target(where: str, t: dict, base: Path) -> Target:
         axes,
         _api_key_env(where, name, t),
         _variants(f"{where} ({name})", kind, t.get("variants", {})),
+        *_model_facts(f"{where} ({name})", kind, t, base),
     )
+
+
+def _model_facts(where: str, kind: str, t: dict, base: Path) -> tuple[str | None, tuple[int, ...]]:
+    """`tokenizer` (a directory, relative to the matrix file) and `eos_token_ids` (a list of ids)."""
+    if kind == "tracekit" and ("tokenizer" in t or "eos_token_ids" in t):
+        raise ConfigError(
+            f"{where}: 'tokenizer' and 'eos_token_ids' are for targets that are not 'serve' "
+            "(tracekit serve reports its model's tokenizer and EOS ids)"
+        )
+    tok = None
+    if "tokenizer" in t:
+        tok = (base / _typed(where, "tokenizer", t["tokenizer"], str)).resolve()
+        if not (tok / "tokenizer.json").is_file():
+            raise ConfigError(
+                f"{where}: tokenizer {tok} holds no tokenizer.json (give the served model's HF directory)"
+            )
+    eos = t.get("eos_token_ids", [])
+    if not isinstance(eos, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+        raise ConfigError(f"{where}: 'eos_token_ids' must be a list of token ids (integers >= 0), got {eos!r}")
+    return (str(tok) if tok else None), tuple(eos)
 
 
 def _variants(where: str, kind: str, doc) -> dict:

@@ -56,6 +56,24 @@ serve = []
 """
 
 
+URL_T = "[[target]]\nname = 'x'\nurl = 'http://127.0.0.1:1'\ndtype = 'fp32'\nprefix_cache = true\n"
+
+
+def test_targets_that_are_not_serve_take_a_tokenizer_and_eos_ids(tmp_path):
+    """Issue 24, item 5: a llama.cpp (url or command) target names the served model's tokenizer
+    (relative to the matrix file) and EOS ids; the cells' captures get them."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    f = tmp_path / "m.toml"
+    f.write_text(
+        BASE.format(prompts=ROOT / "fixtures/prompts/cpu_small.jsonl") + URL_T + "tokenizer = 'tok'\n"
+        "eos_token_ids = [0, 7]\n"
+    )
+    t = load_matrix(f).target("x")
+    assert t.tokenizer == str(tmp_path / "tok") and t.eos_token_ids == (0, 7)
+    assert load_matrix(f).target("ref").tokenizer is None
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [
@@ -69,6 +87,9 @@ serve = []
         ("[[target]]\nname = 'x'\ncommand = ['vllm']", "a 'command' target needs 'url'"),
         ("[[target]]\nname = 'ref'\nserve = []", "two [[target]] tables share a name"),
         ("[[prompts]]\nname = 'q'\npath = 'missing.jsonl'", "missing.jsonl does not exist"),
+        ("tokenizer = 'x'", "'tokenizer' and 'eos_token_ids' are for targets that are not 'serve'"),
+        (URL_T + "tokenizer = 'nowhere'", "holds no tokenizer.json"),
+        (URL_T + "eos_token_ids = ['2']", "'eos_token_ids' must be a list of token ids"),
     ],
 )
 def test_bad_matrix_errors_name_the_key(tmp_path, extra, needle):
