@@ -282,10 +282,12 @@ def reference_line(ref) -> str:
     v = ref.verdict[ok].tolist()
     counts = ", ".join(f"{k} {v.count(k)}" for k in ("B farther", "A farther", "both far") if v.count(k))
     p = min(ref.run_p_b, ref.run_p_a)
+    left = f"; {ref.run_equal} pairs with the same rows on both sides left out" if ref.run_equal else ""
     run = {
-        "": f"run-level: consistent (Wilcoxon over {ref.run_pairs} pairs' log B/A, p = {p:.2g})",
-        "too few pairs": f"run-level: not tested ({ref.run_pairs} pairs, fewer than the test needs)",
-    }.get(ref.run_verdict, f"run-level: {ref.run_verdict.upper()} (Wilcoxon over {ref.run_pairs} pairs, p = {p:.2g})")
+        "": f"run-level: consistent (Wilcoxon over {ref.run_pairs} pairs' log B/A, p = {p:.2g}{left})",
+        "too few pairs": f"run-level: not tested ({ref.run_pairs} pairs that differ, fewer than the test needs{left})",
+    }.get(ref.run_verdict, f"run-level: {ref.run_verdict.upper()} (Wilcoxon over {ref.run_pairs} pairs, p = {p:.2g}")
+    run += left + ")" if ref.run_verdict not in ("", "too few pairs") else ""
     return (
         f"reference {ref.source}: {int(ok.sum())} pairs, mean |Δlogprob| vs the reference A "
         f"{np.median(ref.err_a[ok]):.3g} / B {np.median(ref.err_b[ok]):.3g} nats (medians of pairs), "

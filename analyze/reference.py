@@ -20,10 +20,11 @@ exceeds the dtype's floor; *both far* when each side's mean error exceeds the dt
 ceiling (a deterministic bug both runs share, e.g. a prefix-cache key collision).
 
 Over the run: two roundings of the same truth are as often closer as farther, so the pairs'
-log(B/A) are centred on 0. A one-sided Wilcoxon signed-rank test over the pairs (p < ALPHA
-with the median ratio beyond RUN_RATIO and the median excess beyond a tenth of the dtype's
-floor) finds a side that is systematically farther even when no pair alone is conclusive (a
-small corruption of every reused block). The numbers
+log(B/A) are centred on 0. A one-sided Wilcoxon signed-rank test over the pairs whose two
+sides differ (p < ALPHA with the median ratio beyond RUN_RATIO and the median excess beyond a
+tenth of the dtype's floor) finds a side that is systematically farther even when no pair
+alone is conclusive (a small corruption of every reused block). Pairs whose A and B rows are
+the same are left out of it (counted, said): they favour neither side. The numbers
 are in nats of logprob; the defaults are in docs/analysis.md.
 """
 
@@ -98,6 +99,7 @@ class PairReference:
     run_p_b: float = 1.0  # one-sided Wilcoxon over the pairs' log(B/A): B farther
     run_p_a: float = 1.0
     run_verdict: str = ""  # "" | "B farther across the run" | "A farther across the run" | "too few pairs"
+    run_equal: int = 0  # pairs left out of the run-level test: A and B equally far (bitwise the same rows)
 
     @property
     def ok(self) -> bool:
@@ -182,22 +184,29 @@ def against_reference(al: Alignment, t: np.ndarray, dtypes: np.ndarray, ref_side
 
 
 def run_test(ratio: np.ndarray, err_a: np.ndarray, err_b: np.ndarray, dtypes: np.ndarray):
-    """(pairs, median B/A, p B farther, p A farther, verdict) over the pairs' log ratios. A side
-    is farther across the run only when the excess of its median error also passes a tenth of
-    the dtype's floor: FP32 sides 1e-7 nats apart are both exact for any purpose."""
+    """(pairs, median B/A, p B farther, p A farther, verdict, pairs left out as equal) over the
+    pairs' log ratios. Only pairs whose two sides differ count: a pair whose A and B are equally
+    far from the reference (bitwise the same rows: a request no cache hit or batch mate touched)
+    is no evidence for either side, and counting it as a half-win each way (Wilcoxon's zsplit)
+    dilutes a fault that acts on some requests only (perturbed reused KV: the first pass of
+    every prompt is untouched). A side is farther across the run only when the excess of its
+    median error over those pairs also passes a tenth of the dtype's floor: FP32 sides 1e-7
+    nats apart are both exact for any purpose."""
     from scipy.stats import wilcoxon
 
     ok = np.isfinite(ratio) & (ratio > 0)
-    r = ratio[ok]
     dts = [str(d) for d in np.asarray(dtypes)[ok].tolist()] or ["bf16"]
     floor = RUN_FLOOR_SHARE * FLOOR.get(max(set(dts), key=dts.count), FLOOR["bf16"])
-    excess = float(np.median(err_b[ok]) - np.median(err_a[ok])) if ok.any() else 0.0
+    differ = ok & (err_a != err_b)
+    equal = int(ok.sum() - differ.sum())
+    r = ratio[differ]
+    excess = float(np.median(err_b[differ]) - np.median(err_a[differ])) if differ.any() else 0.0
     if len(r) < RUN_MIN_PAIRS:
-        return len(r), float(np.median(r)) if len(r) else float("nan"), 1.0, 1.0, "too few pairs"
+        return len(r), float(np.median(r)) if len(r) else float("nan"), 1.0, 1.0, "too few pairs", equal
     lr = np.log(r)
     med = float(np.exp(np.median(lr)))
     if not np.any(lr):
-        return len(r), med, 1.0, 1.0, ""
+        return len(r), med, 1.0, 1.0, "", equal
     pb = float(wilcoxon(lr, alternative="greater", zero_method="zsplit").pvalue)
     pa = float(wilcoxon(lr, alternative="less", zero_method="zsplit").pvalue)
     verdict = ""
@@ -205,7 +214,7 @@ def run_test(ratio: np.ndarray, err_a: np.ndarray, err_b: np.ndarray, dtypes: np
         verdict = "B farther across the run"
     elif pa < ALPHA and med < 1 / RUN_RATIO and -excess > floor:
         verdict = "A farther across the run"
-    return len(r), med, pb, pa, verdict
+    return len(r), med, pb, pa, verdict, equal
 
 
 def _verdict(ma: float, mb: float, stats, dtype: str) -> str:

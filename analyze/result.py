@@ -236,6 +236,7 @@ class DiffResult:
         }
         run = {"pairs": r.run_pairs, "median_ratio": _f(r.run_median_ratio), "p_b_farther": r.run_p_b}
         run |= {"p_a_farther": r.run_p_a, "verdict": r.run_verdict or "consistent", "ok": r.ok}
+        run["equal_pairs_left_out"] = r.run_equal
         return {"source": r.source, "run": run, "pairs": pairs}
 
     def to_json(self, only: Sequence[str] | None = None) -> dict[str, Any]:

@@ -33,9 +33,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import sensitivity_explain as xp
 
 from tracekit.analyze.calibrate import measure
 from tracekit.analyze.compare import diff
+from tracekit.calibration import write_calibration
 from tracekit.engine.faults import SPECS
 from tracekit.engine.process import start_engine
 from tracekit.store import TraceReader
@@ -87,6 +89,31 @@ def _score(base: Path, faulty: Path, same_shape: dict[str, tuple], yardstick: di
         "calibrated_flagged": cal_flagged,
         "calibrated_run_failed": not cal.ok,
         "calibrated_why": [x for x in cal.notes if "NOT consistent" in x or "FARTHER" in x][:2],
+        "yardstick": yardstick_stats(cal),
+    }
+
+
+def _med(x) -> float | None:
+    return float(np.median(x)) if len(x) else None
+
+
+def yardstick_stats(res) -> dict:
+    """The run-level numbers of a calibrated + reference diff: each side's error against the
+    reference (medians over the pairs whose sides differ), the median per-pair excess B - A, the
+    Wilcoxon result, and the flip test's observed vs expected flips."""
+    ref, ft = res.reference, res.flip_test
+    ok = np.isfinite(ref.ratio) & (ref.err_a != ref.err_b)
+    return {
+        "pairs_differ": int(ok.sum()),
+        "err_a": _med(ref.err_a[ok]),
+        "err_b": _med(ref.err_b[ok]),
+        "excess": _med(ref.err_b[ok] - ref.err_a[ok]),
+        "median_ratio": float(ref.run_median_ratio),
+        "p_b": float(ref.run_p_b),
+        "run_verdict": ref.run_verdict,
+        "flips": ft.observed,
+        "flips_expected": round(ft.expected, 3),
+        "flip_p": ft.p_value,
     }
 
 
@@ -101,6 +128,8 @@ def _reference(base: Path, out: Path) -> Path:
 
 def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -> dict:
     engine_args = ["--threads", args.threads, "--dtype", dtype, "--slots", "8"]
+    explain = getattr(args, "explain", False)
+    healthy_explained: list[dict] = []
     with start_engine(engine_args, timeout_s=300) as eng:
         base = capture(eng.url, prompts, work / f"{dtype}_healthy_serial.h5", 1, args)
         alarms, seen = [], collections.defaultdict(set)  # key -> every healthy output of it
@@ -114,31 +143,52 @@ def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -
             counts = diff(base, conc).counts()
             alarms.append({"run": i, **counts, "trace": conc})
             log(f"{dtype} healthy run {i}: {counts}")
-    half = max(1, len(alarms) // 2)
-    cal = measure([(str(base), str(a["trace"])) for a in alarms[:half]], f"{dtype}-healthy-c{CONCURRENCY}")
-    yardstick = {"calibration": cal, "reference": _reference(base, work / f"{dtype}_reference_fp32.h5")}
-    held_out = []
-    for a in alarms[half:]:
-        r = diff(base, a["trace"], **yardstick)
-        held_out.append({"run": a["run"], "ok": r.ok, "why": [x for x in r.notes if "NOT" in x or "FARTHER" in x]})
-        log(f"{dtype} healthy run {a['run']} on the calibrated yardstick: {'ok' if r.ok else 'FALSE ALARM'}")
+        half = max(1, len(alarms) // 2)
+        cal = measure([(str(base), str(a["trace"])) for a in alarms[:half]], f"{dtype}-healthy-c{CONCURRENCY}")
+        cal_path = write_calibration(cal, work / f"{dtype}_calibration.json")
+        yardstick = {"calibration": cal, "reference": _reference(base, work / f"{dtype}_reference_fp32.h5")}
+        held_out = []
+        for a in alarms[half:]:
+            r = diff(base, a["trace"], **yardstick)
+            why = [x for x in r.notes if "NOT" in x or "FARTHER" in x]
+            held_out.append({"run": a["run"], "ok": r.ok, "pairs": len(r), "why": why, **yardstick_stats(r)})
+            log(f"{dtype} healthy run {a['run']} on the calibrated yardstick: {'ok' if r.ok else 'FALSE ALARM'}")
+        if explain:  # explain's false alarms: divergent pairs of the held-out healthy runs, on the healthy engine
+            for a in alarms[half:]:
+                keys = xp.divergent(diff(base, a["trace"]))[: args.explain_healthy - len(healthy_explained)]
+                if not keys:
+                    continue
+                root = work / f"{dtype}_explain_healthy_{a['run']}"
+                got = xp.explain_pairs(base, a["trace"], eng.url, keys, cal_path, root, args, dtype)
+                healthy_explained += [g | {"run": a["run"]} for g in got]
+                log(f"{dtype} healthy run {a['run']}: explain {[g['kind'] for g in got]}")
+                if len(healthy_explained) >= args.explain_healthy:
+                    break
+    divergent_healthy = sum(len(xp.divergent(diff(base, a["trace"]))) for a in alarms[half:]) if explain else None
     for a in alarms:
         a["trace"] = str(a["trace"])
     rows = []
-    for kind in family_kinds():
+    only = [k for k in getattr(args, "family_kinds", "").split(",") if k]
+    for kind in [k for k in family_kinds() if not only or k in only]:
         extra = ["--prefill-chunk", PREFILL_CHUNK] if SPECS[kind].needs == "prefill_chunk" else []
         with start_engine([*engine_args, *extra, "--inject-fault", kind], timeout_s=300) as eng:
             serial = capture(eng.url, prompts, work / f"{dtype}_{kind}_serial.h5", 1, args)
             http(eng.url + "/reset_prefix_cache", "POST")
             burst = capture(eng.url, prompts, work / f"{dtype}_{kind}_burst.h5", CONCURRENCY, args)
             applied = http(eng.url + "/fault_log").get("applied_total")
+            if explain:
+                caps = {"serial": serial, "burst": burst}
+                ex = _explain_kind(kind, dtype, base, caps, seen, eng.url, cal_path, work, args)
         row = {"kind": kind, "fault": f"{kind}:{SPECS[kind].default:g}", "applied": applied}
         row["serial"] = _score(base, serial, seen, yardstick)
         row["burst"] = _score(base, burst, seen, yardstick)
+        if explain:
+            row["explain"] = ex
         rows.append(row)
         log(
             f"{dtype} {kind}: serial {row['serial']['flagged']}/{row['serial']['changed']}, "
             f"burst {row['burst']['flagged']}/{row['burst']['changed']} flagged/changed"
+            + (f"; explain {ex['flagged']}/{ex['explained']} flagged {ex['kinds']}" if explain else "")
         )
     pairs = sum(a["pairs"] for a in alarms)
     false = sum(a.get(c, 0) for a in alarms for c in FLAGGED)
@@ -152,15 +202,35 @@ def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -
         "calibrated_false_alarm_runs": sum(not h["ok"] for h in held_out),
         "calibrated_healthy_runs": len(held_out),
         "calibrated_held_out": held_out,
+        "explain_healthy": xp.tally(healthy_explained) | {"divergent": divergent_healthy} if explain else None,
     }
 
 
+def _explain_kind(kind: str, dtype: str, base: Path, captures: dict, seen, url: str, cal_path: Path, work: Path, args):
+    """`tracekit explain` on up to args.explain_pairs changed pairs with a differing token, on the
+    faulty engine (still running): one explain run, on the capture (serial or burst) with more
+    such pairs (the burst on a tie), to keep the bench affordable."""
+    changed_div, changed = {}, 0
+    for name, trace in captures.items():
+        got = outputs(trace)
+        ch = {k for k, o in got.items() if o not in seen.get(k, ())}
+        changed += len(ch)
+        changed_div[name] = xp.divergent(diff(base, trace), ch)
+    name = max(changed_div, key=lambda k: (len(changed_div[k]), k == "burst"))
+    keys = changed_div[name][: args.explain_pairs]
+    got = xp.explain_pairs(base, captures[name], url, keys, cal_path, work / f"{dtype}_{kind}_explain", args, dtype)
+    out = xp.tally([r | {"capture": name} for r in got])
+    return out | {"changed": changed, "changed_divergent": sum(len(v) for v in changed_div.values()), "capture": name}
+
+
 def table(doc: dict) -> str:
+    explain = any(r.get("explain") for d in doc["dtypes"] for r in d["kinds"])
+    xh = " explain: flagged / explained (kinds) | changed, no token to replay |" if explain else ""
     out = [
         "| fault (default magnitude) | dtype | serial: flagged / changed | burst: flagged / changed "
         "| share flagged (both) | calibrated + reference: flagged / changed | verdicts of the changed pairs "
-        "| hook applications |",
-        "|---|---|---|---|---|---|---|---|",
+        "| hook applications |" + xh,
+        "|---|---|---|---|---|---|---|---|" + ("---|---|" if explain else ""),
     ]
     for d in doc["dtypes"]:
         for r in d["kinds"]:
@@ -171,22 +241,37 @@ def table(doc: dict) -> str:
             share = f"{f / n:.0%}" if n else "n/a"
             cf = s["calibrated_flagged"] + b["calibrated_flagged"]
             cshare = f"{cf}/{n} ({cf / n:.0%})" if n else "n/a"
-            out.append(
+            line = (
                 f"| `{r['fault']}` | {d['dtype']} | {s['flagged']}/{s['changed']} | {b['flagged']}/{b['changed']} "
                 f"| {share} | {cshare} | {v} | {r['applied']} |"
             )
+            if explain:
+                x = r["explain"]
+                line += f" {_explained(x)} | {x['changed'] - x['changed_divergent']} |"
+            out.append(line)
     out += [
         "",
         "| dtype | healthy runs (serial vs concurrent) | pairs | flagged (false alarms) "
-        "| calibrated: held-out healthy runs failed |",
-        "|---|---|---|---|---|",
+        "| calibrated + reference: held-out healthy runs failed |"
+        + (" explain on held-out healthy pairs |" if explain else ""),
+        "|---|---|---|---|---|" + ("---|" if explain else ""),
     ]
     for d in doc["dtypes"]:
-        out.append(
+        line = (
             f"| {d['dtype']} | {len(d['false_alarm_runs'])} | {d['false_alarm_pairs']} | {d['false_alarms']} "
             f"| {d['calibrated_false_alarm_runs']}/{d['calibrated_healthy_runs']} ({d['calibration']}) |"
         )
+        if explain:
+            x = d["explain_healthy"]
+            line += f" {_explained(x)} of {x['divergent']} divergent |"
+        out.append(line)
     return "\n".join(out)
+
+
+def _explained(x: dict) -> str:
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(x["kinds"].items())) or "-"
+    share = f" ({x['share']:.0%})" if x["share"] is not None else ""
+    return f"{x['flagged']}/{x['explained']}{share} ({kinds})"
 
 
 def main(args, write_prompts, capture, http, log, work: Path, prompt_sets) -> dict:

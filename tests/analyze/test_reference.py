@@ -110,3 +110,50 @@ def test_a_large_corruption_is_farther_pair_by_pair(faulty):
     assert was_benign and all("(otherwise " in r.columns["rule"][i] for i in was_benign)
     before = set(np.flatnonzero(plain.columns["cls"] == "unexplained").tolist())
     assert before <= set(np.flatnonzero(r.columns["cls"] == "unexplained").tolist())
+
+
+def _pairs(rng, n, ratio, base=0.012, noise=0.05):
+    """n pairs' mean errors: A around `base` nats, B = A x ratio x a lognormal factor."""
+    ea = base * np.exp(rng.normal(0, 0.2, n))
+    eb = ea * ratio * np.exp(rng.normal(0, noise, n))
+    return ea, eb
+
+
+def _run(ea, eb, dtype="bf16"):
+    from tracekit.analyze.reference import run_test
+
+    return run_test(eb / ea, ea, eb, np.full(len(ea), dtype, dtype=object))
+
+
+def test_the_run_level_test_leaves_out_pairs_whose_sides_are_the_same():
+    """perturb-kv in a serial run: the first pass of every prompt is untouched (A's rows bitwise
+    B's), the second pass reads perturbed KV and is 1.2x farther from the reference. Counting
+    the untouched pairs as half-wins each way (zsplit) pulled the median ratio to 1.07 and hid the
+    fault (the BF16 sweep's EPS 0.03: 22 touched, 10 untouched); left out, the run fails."""
+    rng = np.random.default_rng(3)
+    ea, eb = _pairs(rng, 14, 1.2)
+    same = 0.012 * np.exp(rng.normal(0, 0.2, 14))
+    pairs, med, pb, _, verdict, equal = _run(np.r_[ea, same], np.r_[eb, same])
+    assert (pairs, equal) == (14, 14)
+    assert verdict == "B farther across the run" and pb < 0.01 and med > 1.15
+    from scipy.stats import wilcoxon
+
+    lr = np.log(np.r_[eb, same] / np.r_[ea, same])  # the old statistic over all 28 pairs
+    assert np.exp(np.median(lr)) < 1.1 < med and wilcoxon(lr, alternative="greater", zero_method="zsplit").pvalue > pb
+
+
+def test_the_run_level_test_passes_healthy_runs_with_untouched_pairs():
+    """Two roundings of the same truth (log B/A centred on 0) beside untouched pairs: consistent;
+    and a systematic FP32 difference far below the floor is no finding (the healthy FP32 engine's
+    concurrent runs are 0.86x the serial run's error, 1.5e-7 nats apart: both exact)."""
+    rng = np.random.default_rng(4)
+    ea, eb = _pairs(rng, 26, 1.0, noise=0.1)
+    same = np.full(6, 0.012)
+    pairs, _, pb, pa, verdict, equal = _run(np.r_[ea, same], np.r_[eb, same])
+    assert (pairs, equal, verdict) == (26, 6, "") and min(pb, pa) > 0.01
+    ea, eb = _pairs(rng, 32, 0.86, base=1.03e-6, noise=0.01)
+    pairs, med, _, pa, verdict, _ = _run(ea, eb, "fp32")
+    assert pa < 0.01 and med < 1 / 1.1 and verdict == ""  # significant, but 1.4e-7 nats < the floor's tenth
+    ea, eb = _pairs(rng, 5, 3.0)
+    same = np.full(20, 0.012)
+    assert _run(np.r_[ea, same], np.r_[eb, same])[4] == "too few pairs"  # 5 pairs differ: no verdict

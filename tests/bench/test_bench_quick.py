@@ -38,8 +38,9 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     "sensitivity": [
         (
             "sensitivity.py",
-            ["--quick", "--eps", "1e-2,1.0", "--runs", "2", "--max-tokens", "8"],
-            [rf"detect_eps {NUM}\s+false_alarm_rate {NUM}"],
+            ["--quick", "--eps", "1e-2,1.0", "--runs", "2", "--max-tokens", "8", "--reference"],
+            [rf"detect_eps {NUM}\s+false_alarm_rate {NUM}"]
+            + [r"detect_eps_judged (\S+)\s+held-out healthy runs failed \d+/1"],
         )
     ],
     "diagnostic_bench": [("diagnostic_bench.py", ["--quick"], [rf"vs_independent_forwards \(worst\) = {NUM}"])],
@@ -113,7 +114,8 @@ def test_every_bench_is_run_or_skipped_with_a_reason():
     found.discard("gpu_study/__init__.py")
     run = {script for steps in CASES.values() for script, _, _ in steps}
     run |= {"gpu_study/engine_checks.py", "gpu_study/lanes.py"}  # study.py's checks and lanes phases
-    run |= {"sensitivity_family.py"}  # sensitivity.py --family (imported by it; its full run is bench/RESULTS.md's)
+    # sensitivity.py --family [--explain] (imported by it; its full run is bench/RESULTS.md's)
+    run |= {"sensitivity_family.py", "sensitivity_explain.py"}
     assert not run & set(SKIPPED)
     assert found == run | set(SKIPPED)
 
