@@ -106,12 +106,17 @@ def side_dtypes(
         return per_row, notes
     col = side.table.dtype
     tf = side.meta.source == "teacher_forced"
-    for i, r in enumerate(rows.tolist()):
-        d = normalise(col[r]) if r >= 0 else None
+    named = (
+        np.where(rows >= 0, np.asarray(col, dtype=object)[np.maximum(rows, 0)], "")
+        if len(col)
+        else np.full(len(rows), "", object)
+    )
+    for value in dict.fromkeys(named.tolist()):  # each distinct name once, in the order of the pairs
+        d = normalise(value) if value else None
         if not d or d == grid.dtype:
             continue
         if tf or DTYPES[d].mantissa_bits > grid.bits:
-            per_row[i] = d
+            per_row[named == value] = d
         if not tf and not notes:
             notes.append(f"{label}: request rows name dtype {d}, the run {grid.dtype}: judged on the finer grid")
     return per_row, notes

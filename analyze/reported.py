@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .align import Alignment
-from .evidence import POSITIVE_LIMIT, SUM_LIMIT
+from tracekit.store import read_token_rows
 
-# The same limits as the rows at the first difference (evidence.py): one home each.
-LP_TOL = POSITIVE_LIMIT  # a logprob above this is a probability above 1 (rounding gives ~1e-6)
-MASS_TOL = float(np.log(SUM_LIMIT))  # a top-k mass above 1.01 is no rounding
-# An entry may exceed one listed before it by rounding only (float32 / BF16 storage of values
-# the engine ranked in higher precision); a swap of real candidates is larger than this.
-ORDER_TOL = POSITIVE_LIMIT
+from .align import Alignment
+from .rowscan import row_mass
+
+# The limits (one home each): evidence.POSITIVE_LIMIT and SUM_LIMIT, as at the first difference;
+# rowscan.ORDER_TOL: an entry may exceed one listed before it by rounding only (float32 / BF16
+# storage of values the engine ranked in higher precision); a swap of real candidates is larger.
 
 
 def _first(mask: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,33 +39,33 @@ def _first(mask: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int) -> tuple[
 
 
 def _rows_checks(side, idx: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int, label: str) -> np.ndarray:
-    """Per pair the reason of the first failed row check of one side ('' when none).
-    Float32 and adjacent comparisons only: this runs over every compared row [T, k]."""
+    """Per pair the reason of the first failed row check of one side ('' when none). The
+    checks were made on every row as the side was read (rowscan.py); only the rows a
+    reason quotes are read again here."""
     out = np.full(P, "", dtype=object)
-    if not len(idx) or side.meta.source == "teacher_forced":
-        return out
-    lps = side.reader.column("topk_logprob")  # [N, k] float32, the whole file: no [T, k] copy
-    if lps.ndim != 2 or lps.shape[1] == 0:
+    rs = side.scan
+    if not len(idx) or side.meta.source == "teacher_forced" or rs is None:
         return out  # no top-k stored: nothing reported to check (the classifier says what it cannot prove)
-    with np.errstate(invalid="ignore", over="ignore"):
-        # topk_order: an entry above the one before it (NaN compares False), or a value after a gap
-        disorder = (lps[:, 1:] > lps[:, :-1] + np.float32(ORDER_TOL)).any(1)
-        nan = np.isnan(lps)
-        if nan.any():
-            disorder |= (nan[:, :-1] & ~nan[:, 1:]).any(1)
-        positive = (side.logprob > LP_TOL) | (lps > LP_TOL).any(1)
-        mass = np.exp(lps).sum(1, where=~nan, dtype=np.float64) if nan.any() else np.exp(lps).sum(1, dtype=np.float64)
-    disorder, positive, mass = disorder[idx], positive[idx], mass[idx]
-    heavy = mass > SUM_LIMIT
+    disorder, positive, heavy = rs.disorder[idx], rs.positive[idx], rs.heavy[idx]
     if not (disorder.any() or positive.any() or heavy.any()):
         return out
-    lps, chosen = lps[idx], side.logprob[idx]
-    fin = np.isfinite(lps)
+
+    def row(i: int) -> np.ndarray:
+        return read_token_rows(side.reader, "topk_logprob", idx[i : i + 1])[0]
+
+    def top_max(i: int) -> float:
+        v = row(i)
+        return float(np.nanmax(np.where(np.isfinite(v), v, np.nan))) if np.isfinite(v).any() else float("nan")
+
+    def mass(i: int) -> float:
+        return float(row_mass(row(i)[None])[0])
+
+    chosen = side.logprob
     checks = [
-        (disorder, lambda i: f"{label}'s top-k row at t={int(pos[i])} is not sorted by logprob ({_row(lps[i])})"),
-        (positive, lambda i: f"{label} reports a logprob above 0 at t={int(pos[i])} (chosen {chosen[i]:.4g}, "
-         f"top-k max {np.nanmax(np.where(fin[i], lps[i], np.nan)):.4g})"),
-        (heavy, lambda i: f"{label}'s top-k probabilities at t={int(pos[i])} sum to {mass[i]:.4f} > 1"),
+        (disorder, lambda i: f"{label}'s top-k row at t={int(pos[i])} is not sorted by logprob ({_row(row(i))})"),
+        (positive, lambda i: f"{label} reports a logprob above 0 at t={int(pos[i])} (chosen {chosen[idx[i]]:.4g}, "
+         f"top-k max {top_max(i):.4g})"),
+        (heavy, lambda i: f"{label}'s top-k probabilities at t={int(pos[i])} sum to {mass(i):.4f} > 1"),
     ]  # fmt: skip
     for mask, say in checks:
         fp, fi = _first(mask, seg, pos, P)
@@ -85,15 +84,15 @@ def _cached(side, rows: np.ndarray, label: str) -> np.ndarray:
     if side.meta.source == "teacher_forced":
         return out
     block = side.meta.record.cache.block_size
-    t = side.table
-    for i in np.flatnonzero(rows >= 0).tolist():
-        c, n = int(t.cached_tokens[rows[i]]), int(t.prompt_len[rows[i]])
-        if c < 0:
-            continue
-        if n > 0 and c > n:
-            out[i] = f"{label} reports cached_tokens {c} for a prompt of {n} tokens"
-        elif block and c % block:
-            out[i] = f"{label} reports cached_tokens {c}, not a multiple of its KV block size {block}"
+    has = rows >= 0
+    c = np.where(has, side.table.cached_tokens[np.maximum(rows, 0)], -1).astype(np.int64)
+    n = np.where(has, side.table.prompt_len[np.maximum(rows, 0)], -1).astype(np.int64)
+    over = (c >= 0) & (n > 0) & (c > n)
+    off = (c >= 0) & ~over & (c % block != 0) if block else np.zeros(len(rows), bool)
+    for i in np.flatnonzero(over).tolist():
+        out[i] = f"{label} reports cached_tokens {c[i]} for a prompt of {n[i]} tokens"
+    for i in np.flatnonzero(off).tolist():
+        out[i] = f"{label} reports cached_tokens {c[i]}, not a multiple of its KV block size {block}"
     return out
 
 
@@ -104,6 +103,6 @@ def reported_checks(al: Alignment) -> np.ndarray:
     rb = _rows_checks(al.b, al.idx_b, al.seg, al.pos, P, "B")
     ca, cb = _cached(al.a, al.row_a, "A"), _cached(al.b, al.row_b, "B")
     out = np.full(P, "", dtype=object)
-    for i in range(P):
+    for i in np.flatnonzero((ra != "") | (rb != "") | (ca != "") | (cb != "")).tolist():
         out[i] = "; ".join(x for x in (ra[i], rb[i], ca[i], cb[i]) if x)
     return out

@@ -2,8 +2,9 @@
 
 Reads the request table, the 1-D token columns (token_id, logprob), the prompt
 ids and, to check the chosen logprob column against what the top-k rows say
-for the same token, the top-k ids and logprobs (raw logits only when drift must
-be measured on them). Which rows: one per key (`--a-select` / `--b-select` pick
+for the same token, the top-k ids and logprobs: in one blocked pass that also
+makes the reported-row checks (rowscan.py); raw logits only when drift must be
+measured on them. Which rows: one per key (`--a-select` / `--b-select` pick
 teacher-forced rows); a key answered `ok` more than once is ambiguous and said.
 """
 
@@ -16,6 +17,8 @@ import numpy as np
 from tracekit.errors import AlignmentError, ConfigError
 from tracekit.schema import RequestTable, RunMeta
 from tracekit.store import TraceReader, prompt_column
+
+from .rowscan import RowScan, pick, scan
 
 # Request columns a --a-select/--b-select filter may name.
 SELECTABLE = ("history", "dtype", "finish_reason", "status")
@@ -55,6 +58,7 @@ class Side:
     note: str = ""  # repeated keys, said in every output
     ambiguous: frozenset = frozenset()  # keys answered ok more than once: {key: "why"}
     replayed: np.ndarray | None = None  # [N] teacher-forced: the replayed (forced) token ids
+    scan: RowScan | None = None  # HTTP traces: what every top-k row says (rowscan.py; reported.py checks it)
 
     @property
     def has_logits(self) -> bool:
@@ -65,26 +69,7 @@ class Side:
         absent). Reads the [N, k] logit column whole: only when drift needs it."""
         r = self.reader
         ids, lg = r.column("topk_id"), r.column("topk_logit")
-        return _pick(ids, lg, self.token_id)
-
-
-def _pick(ids: np.ndarray, vals: np.ndarray, tok: np.ndarray) -> np.ndarray:
-    """[N] vals at the first entry of each row whose id is tok (NaN when none).
-    Engines list the chosen token first almost always: rank 0 is checked for every
-    row, the whole row only for the rest."""
-    out = np.full(len(tok), np.nan, np.float32)
-    if not ids.shape[1] or not len(ids):
-        return out
-    first = (ids[:, 0] == tok) & (tok >= 0)
-    out[first] = vals[first, 0]
-    rest = np.flatnonzero(~first)
-    if len(rest):
-        sub = ids[rest]
-        hit = (sub == tok[rest, None]) & (sub >= 0)
-        j = hit.argmax(1)
-        found = hit.any(1)
-        out[rest[found]] = vals[rest[found], j[found]]
-    return out
+        return pick(ids, lg, self.token_id)
 
 
 def _select_rows(reader: TraceReader, select: dict[str, str], label: str) -> tuple[np.ndarray, str, frozenset]:
@@ -156,16 +141,18 @@ def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: 
     stored token_id is the replayed (forced) token, the same in every history;
     what a history *predicts* is its top-1, so that is what gets compared."""
     rows, note, ambiguous = _select_rows(reader, select or {}, label)
-    ids, lps = reader.column("topk_id"), reader.column("topk_logprob")
-    replayed = None
+    replayed, rows_scan = None, None
     if reader.meta.source == "teacher_forced":
+        ids, lps = reader.column("topk_id"), reader.column("topk_logprob")
         logits = reader.column("topk_logit") if reader.has_column("topk_logit") else None
         token_id, logprob = top1(ids, lps, logits)
         replayed = reader.column("token_id")
-    else:
+        topk_lp = pick(ids, lps, token_id)
+    else:  # the top-k columns in one blocked pass: the chosen token's entry and the row checks
         cols = reader.columns(["token_id", "logprob"])
         token_id, logprob = cols["token_id"], cols["logprob"]
-    topk_lp = _pick(ids, lps, token_id)
+        rows_scan = scan(reader, token_id, logprob)
+        topk_lp = rows_scan.topk_lp if rows_scan is not None else np.full(len(token_id), np.nan, np.float32)
     return Side(
         reader.path,
         reader.meta,
@@ -179,4 +166,5 @@ def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: 
         note,
         ambiguous,
         replayed,
+        rows_scan,
     )

@@ -1,0 +1,108 @@
+"""One pass over a trace's [N, k] top-k columns, in blocks: what a diff needs of every row.
+
+A diff reads the top-k ids and logprobs of every token row for two things: the chosen
+token's own entry (to check the logprob column against it, sides.py) and the checks of what
+the engine reported on every row (reported.py: order, sign, mass). Both are computed here
+in one read, block by block, so neither column is held whole nor read twice:
+
+  topk_lp    [N] the chosen token's entry in its row (NaN when absent)
+  disorder   [N] an entry above the one before it by more than ORDER_TOL, or a value after a NaN
+  positive   [N] the chosen logprob or a top-k logprob above POSITIVE_LIMIT
+  heavy      [N] the row's probabilities (NaN entries left out) summing to more than SUM_LIMIT
+
+The per-row reductions run on each block transposed ([k, rows]): across a short row numpy
+pays per row, across the rows it runs at vector speed (bench/diff_bench.py). The mass is
+summed in float32 and every row within 1e-3 of the limit summed again in float64, so the
+verdict is the float64 sum's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .evidence import POSITIVE_LIMIT, SUM_LIMIT
+
+ORDER_TOL = POSITIVE_LIMIT  # an entry may exceed one listed before it by rounding only
+BLOCK_BYTES = 4 << 20  # rows read at a time, per column
+CACHE_BYTES = 256 << 10  # rows reduced at a time: a block that stays in the core's cache
+
+
+@dataclass(frozen=True)
+class RowScan:
+    topk_lp: np.ndarray  # [N] float32
+    disorder: np.ndarray  # [N] bool
+    positive: np.ndarray
+    heavy: np.ndarray
+
+
+def pick(ids: np.ndarray, vals: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """[n] vals at the first entry of each row whose id is tok (NaN when none).
+    Engines list the chosen token first almost always: rank 0 is checked for every
+    row, the whole row only for the rest."""
+    out = np.full(len(tok), np.nan, np.float32)
+    if not ids.shape[1] or not len(ids):
+        return out
+    first = (ids[:, 0] == tok) & (tok >= 0)
+    np.copyto(out, vals[:, 0], where=first)
+    rest = np.flatnonzero(~first)
+    if len(rest):
+        sub = ids[rest]
+        hit = (sub == tok[rest, None]) & (sub >= 0)
+        j = hit.argmax(1)
+        found = hit.any(1)
+        out[rest[found]] = vals[rest[found], j[found]]
+    return out
+
+
+def row_mass(lps: np.ndarray) -> np.ndarray:
+    """[n] float64 sum of exp over each row of [n, k] float32 logprobs, NaN entries left out."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(lps)
+    return np.where(np.isnan(e), 0.0, e).sum(1, dtype=np.float64)
+
+
+def _flags(lps: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(disorder, positive, heavy) [n] of rows [n, k], a cache-sized block at a time."""
+    step = max(1, CACHE_BYTES // max(1, lps.itemsize * lps.shape[1]))
+    parts = [_block_flags(lps[s : s + step], chosen[s : s + step]) for s in range(0, len(lps), step)]
+    if not parts:
+        return np.zeros(0, bool), np.zeros(0, bool), np.zeros(0, bool)
+    return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
+
+
+def _block_flags(lps: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    xt = np.ascontiguousarray(lps.T)  # [k, n]
+    tol = np.float32(ORDER_TOL)
+    with np.errstate(invalid="ignore", over="ignore"):
+        disorder = (xt[1:] > xt[:-1] + tol).any(0)  # NaN compares False
+        positive = (chosen > POSITIVE_LIMIT) | (xt > POSITIVE_LIMIT).any(0)
+        mass = np.exp(xt).sum(0)  # float32: NaN where a row holds a NaN
+    odd = np.flatnonzero(np.isnan(mass))
+    if len(odd):  # a value after a NaN gap is out of order too
+        nan = np.isnan(lps[odd])
+        disorder[odd] |= (nan[:, :-1] & ~nan[:, 1:]).any(1)
+    near = np.flatnonzero(~(mass <= SUM_LIMIT - 1e-3))  # NaN, inf and sums near the limit: exactly
+    heavy = np.zeros(len(mass), bool)
+    heavy[near] = row_mass(lps[near]) > SUM_LIMIT
+    return disorder, positive, heavy
+
+
+def scan(reader, token_id: np.ndarray, logprob: np.ndarray) -> RowScan | None:
+    """The scan of every token row of `reader` (None when it stores no top-k)."""
+    if not reader.has_column("topk_logprob"):
+        return None
+    n = len(token_id)
+    k = reader.layout.topk if reader.layout.topk else 0
+    out = RowScan(np.full(n, np.nan, np.float32), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool))
+    step = max(1, BLOCK_BYTES // max(1, 4 * k))
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        ids = reader.column("topk_id", slice(s, e))
+        lps = reader.column("topk_logprob", slice(s, e))
+        if lps.ndim != 2 or not lps.shape[1]:
+            return None
+        out.topk_lp[s:e] = pick(ids, lps, token_id[s:e])
+        out.disorder[s:e], out.positive[s:e], out.heavy[s:e] = _flags(lps, logprob[s:e])
+    return out
