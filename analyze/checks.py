@@ -91,6 +91,18 @@ def both_in_topk(f: Facts) -> np.ndarray:
     return f.a.other_in_topk & f.b.other_in_topk
 
 
+def in_nats(f: Facts) -> np.ndarray:
+    """[P] pairs whose gaps are measured in nats only (no raw logits on either side)."""
+    return ~np.isfinite(f.a.gap_ulp) & ~np.isfinite(f.b.gap_ulp)
+
+
+def one_boundary_or_logits(f: Facts) -> np.ndarray:
+    """A tie in nats is a tie at one reused prefix. In nats the tie and the drift tolerance are one
+    number per dtype, so a flip across a moved reused prefix on a logprob-only engine (llama.cpp)
+    passed the tie first and its boundary was never said; there the boundary claim speaks."""
+    return ~(f.boundary_differs & in_nats(f))
+
+
 # Per-side results written as result columns `{stem}_a` / `{stem}_b` (facts.columns).
 SIDE_FLAGS = {
     "greedy_ok": greedy_ok,
@@ -228,6 +240,10 @@ def _all(f: Facts) -> np.ndarray:
     return np.ones(len(f.key), bool)
 
 
+def _never(f: Facts) -> np.ndarray:
+    return np.zeros(len(f.key), bool)
+
+
 def _flip(f: Facts) -> np.ndarray:
     return f.kind == FLIP
 
@@ -283,6 +299,8 @@ CHECKS: tuple[Check, ...] = (
     *_each_side("moved", FLIPS, _moved_said, move_ok, _move_reason),
     # the gap between the candidates: a tie in each trace, or a numeric-size gap across a boundary change
     Check("tie_gap", (TIE,), _moved_said, lambda f: tie_ok(f, f.a) & tie_ok(f, f.b), _tie_reason),
+    # in nats, a flip whose reused prefixes differ is the boundary claim's (never quoted: it holds)
+    Check("tie_at_one_boundary", (TIE,), _never, one_boundary_or_logits, lambda f, i: []),
     Check(
         "boundary_gap",
         (BOUNDARY,),

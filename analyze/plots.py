@@ -2,7 +2,8 @@
 
 - classes.png: divergence classes across the matrix, a cell x class heatmap of pair counts;
 - gaps.png: at each divergence, the gap between the two competing tokens in the
-  reference trace (ULPs of the raw logits, symlog) against the position where it happened;
+  reference trace (ULPs of the raw logits, symlog; nats on a panel of its own for pairs
+  without raw logits) against the position where it happened;
 - drift.png: chosen-token logprobs of one pair (baseline vs burst) along the
   sequence, their |difference|, and the divergence position.
 
@@ -68,21 +69,24 @@ def heatmap(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> None:
     plt.close(fig)
 
 
-def gap_scatter(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> int:
-    """One point per divergent pair: the reference trace's gap between the two tokens,
-    in BF16 ULPs of the raw logits (symlog: 0 = an exact tie); returns how many were drawn."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    n, top = 0, 1.0
-    rng = np.random.default_rng(0)  # x jitter only, so equal (position, gap) points stay visible
+def _gap(p: PairEvidence, unit: str) -> float | None:
+    """The reference trace's gap of a pair in `unit`: steps of its grid from raw logits, or nats
+    where no logits were stored (logprob-only engines: llama.cpp, SGLang, TGI)."""
+    if unit == "ulp":
+        return p.gap_a_ulp
+    return p.gap_a if p.gap_a_ulp is None else None
+
+
+def _gap_panel(ax, rng, diffs, unit: str) -> int:
+    n, top = 0, 1.0 if unit == "ulp" else 1e-3
     for cls in ORDER:
         for marker, dtype in zip(MARKERS, DTYPE_NAMES):
             pts = [
-                (p.position, abs(p.gap_a_ulp))
+                (p.position, abs(g))
                 for c, d in diffs
                 if c.cell.dtype == dtype
                 for p in d.pairs
-                if p.cls == cls and p.position is not None and p.gap_a_ulp is not None
+                if p.cls == cls and p.position is not None and (g := _gap(p, unit)) is not None
             ]
             if pts:
                 x, y = np.array(pts, dtype=float).T
@@ -99,28 +103,44 @@ def gap_scatter(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> int:
                 )
                 n += len(pts)
                 top = max(top, float(y.max()))
-    tie = next((d.thresholds["tie_ulps"] for _, d in diffs if "tie_ulps" in d.thresholds), None)
+    key = "tie_ulps" if unit == "ulp" else "tie_nats"
+    tie = next((d.thresholds[key] for _, d in diffs if key in d.thresholds), None)
     if tie is not None:  # the diffs' own tolerance; not drawn when they do not state one
         ax.axhline(tie, color="#1e88e5", ls="--", lw=1)
         ax.text(
-            ax.get_xlim()[1], tie, f" tie tolerance {tie:g} ulp", va="bottom", ha="right", fontsize=8, color="#1e88e5"
-        )
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylim(-0.3, max(top, tie or 0) * 3)
-    ax.set_xlabel("generated position of the first differing token")
-    ax.set_ylabel("top-2 gap in the reference trace\n(ULPs of the raw logits; 0 = exact tie)")
-    ax.set_title("Gap between the two competing tokens at each divergence", fontsize=10)
-    if n:
-        ax.legend(
-            fontsize=8,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            title="class (engine dtype, pairs)",
-            title_fontsize=8,
-        )
+            ax.get_xlim()[1], tie, f" tie tolerance {tie:g} {unit}", va="bottom", ha="right", fontsize=8,
+            color="#1e88e5",
+        )  # fmt: skip
+    if unit == "ulp":
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylim(-0.3, max(top, tie or 0) * 3)
+        ax.set_ylabel("top-2 gap in the reference trace\n(ULPs of the raw logits; 0 = exact tie)")
     else:
-        ax.text(0.5, 0.5, "no divergence with raw logits in this run", transform=ax.transAxes, ha="center")
+        ax.set_yscale("symlog", linthresh=1e-4)
+        ax.set_ylim(0, max(top, tie or 0) * 3)
+        ax.set_ylabel("top-2 gap in the reference trace\n(nats: logprobs only, no raw logits)")
+    ax.set_xlabel("generated position of the first differing token")
+    if n:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="class (engine dtype, pairs)",
+                  title_fontsize=8)  # fmt: skip
     ax.grid(alpha=0.3)
+    return n
+
+
+def gap_scatter(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> int:
+    """One point per divergent pair: the reference trace's gap between the two tokens, in ULPs
+    of the raw logits (symlog: 0 = an exact tie), and in nats on a panel of its own for pairs
+    without raw logits (logprob-only engines); returns how many were drawn."""
+    plt = _plt()
+    has = {u: any(_gap(p, u) is not None and p.position is not None for _, d in diffs for p in d.pairs)
+           for u in ("ulp", "nats")}  # fmt: skip
+    units = [u for u in ("ulp", "nats") if has[u]] or ["ulp"]
+    fig, axes = plt.subplots(len(units), 1, figsize=(10, 4.5 * len(units)), squeeze=False)
+    rng = np.random.default_rng(0)  # x jitter only, so equal (position, gap) points stay visible
+    n = sum(_gap_panel(ax, rng, diffs, u) for ax, u in zip(axes[:, 0], units))
+    axes[0, 0].set_title("Gap between the two competing tokens at each divergence", fontsize=10)
+    if not n:
+        axes[0, 0].text(0.5, 0.5, "no divergence in this run", transform=axes[0, 0].transAxes, ha="center")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

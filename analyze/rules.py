@@ -8,6 +8,8 @@ token 9, 11.1 nats below its own top-1 5"; "same 6 token ids, but logprobs drift
 
 from __future__ import annotations
 
+import numpy as np
+
 from .checks import Judged, failures
 from .facts import FLIP, Facts
 from .wording import dist, drift_text, tol
@@ -67,10 +69,12 @@ def _eos_skipped(f: Facts, i: int) -> str:
 
 def _benign_flip(f: Facts, i: int, cls: str) -> str:
     kind = "tie" if cls == "bf16_tie_flip" else "drift"
+    nats = not (np.isfinite(f.a.gap_ulp[i]) or np.isfinite(f.b.gap_ulp[i]))
+    where = f"in nats ({f.dtype[i]}; no raw logits)" if nats else f"on the {f.dtype[i]} grid"
     head = (
-        f"tie on the {f.dtype[i]} grid"
+        f"tie {where}"
         if kind == "tie"
-        else f"boundaries {f.a.boundary[i]} vs {f.b.boundary[i]}, a numeric-size gap on the {f.dtype[i]} grid"
+        else f"boundaries {f.a.boundary[i]} vs {f.b.boundary[i]}, a numeric-size gap {where}"
     )
     a, b = f.a, f.b
     return (

@@ -255,6 +255,13 @@ def _num(x, digits: int = 3) -> str:
     return "?" if x is None else f"{abs(x):.{digits}g}"
 
 
+def _ulps(p) -> str:
+    """The gaps in steps; a pair measured in nats only (no raw logits) says so, never '? / ?'."""
+    if p.gap_a_ulp is None and p.gap_b_ulp is None and (p.gap_a is not None or p.gap_b is not None):
+        return "nats only (no logits)"
+    return _side(p.gap_a_ulp, p.gap_b_ulp, _num)
+
+
 def _side(a, b, fmt=str) -> str:
     return f"{'?' if a is None else fmt(a)} / {'?' if b is None else fmt(b)}"
 
@@ -289,7 +296,7 @@ def pair_rows(rows: list[CellRow]) -> list[list[str]]:
                     "" if p.position is None else str(p.position),
                     _side(p.token_a, p.token_b),
                     _side(p.gap_a, p.gap_b, _num),
-                    _side(p.gap_a_ulp, p.gap_b_ulp, _num),
+                    _ulps(p),
                     _side(p.boundary_a, p.boundary_b),
                     _num(p.drift_max),
                     p.rule,

@@ -259,6 +259,30 @@ def test_boundary_gap():
     assert rule_text(f, j, 0).startswith("boundaries 0 vs 8, a numeric-size gap on the bf16 grid: |gap| A 6 ulp")
 
 
+def test_tie_at_one_boundary_in_nats():
+    """Issue 24, item 10: without raw logits (llama.cpp) the tie and drift tolerances are one
+    number, so a flip whose reused prefixes differ (34 vs 123) was always a tie and its boundary
+    never said. Pair 0 (logits) stays a tie; pair 1 (nats only) is cache_boundary, its rule in nats."""
+    f = facts()
+    f.a = replace(f.a, boundary=np.full(P, 34), gap_ulp=np.array([1.0, np.nan]), gap=np.full(P, 0.004))
+    f.b = replace(f.b, boundary=np.full(P, 123), gap_ulp=np.array([1.0, np.nan]), gap=np.full(P, 0.002))
+    f.a = replace(f.a, move_ulp=np.array([1.0, np.nan]))
+    f.b = replace(f.b, move_ulp=np.array([1.0, np.nan]))
+    f.boundary_differs = np.ones(P, bool)
+    assert _check("tie_at_one_boundary").mask(f).tolist() == [True, False]
+    j = checks.judge(f)
+    assert j.cls.tolist() == ["bf16_tie_flip", "cache_boundary"]
+    assert checks.failures(f, j, 1) == []  # never quoted: the boundary claim holds there
+    assert rule_text(f, j, 1).startswith(
+        "boundaries 34 vs 123, a numeric-size gap in nats (bf16; no raw logits): |gap| A 0.004 nats <= 0.5 nats"
+    )
+    # boundaries equal, nats only: a tie, said in nats
+    f.boundary_differs = np.zeros(P, bool)
+    j = checks.judge(f)
+    assert j.cls.tolist() == ["bf16_tie_flip"] * 2
+    assert rule_text(f, j, 1).startswith("tie in nats (bf16; no raw logits): |gap| A 0.004 nats <= 0.5 nats")
+
+
 def test_reasons_follow_the_table_order_and_the_note_comes_last():
     f = _side_with(_side_with(facts(), "b", agree=0.75, agree_tol=0.5), "a", row_bad=POS_INF)
     f.note = np.array(["", "B's logits at the difference are not on the bf16 grid: judged on fp32"], object)

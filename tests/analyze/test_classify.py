@@ -183,20 +183,30 @@ def test_cache_boundary_rule(tmp_path, steps, cached_b, expect):
 
 
 def test_cache_boundary_with_logprobs_only(tmp_path):
-    """Without logits the boundary class needs a nats gap between --tie-nats and --drift-nats
-    (the BF16 defaults are equal: such a flip is called a tie, with the same evidence)."""
+    """Without logits the tie and drift tolerances are one number (BF16: 0.5 nats), so a flip
+    across different reused prefixes is the boundary claim, said in nats (issue 24, item 10: it
+    used to be called a tie, with the boundary never mentioned: cache_boundary could not fire on
+    a logprob-only engine). A wider drift than tie tolerance gives the same class."""
     prompt = tuple(range(11, 31))
     ra = Req("k", BASE, cached=16, prompt=prompt, rows={2: flip(7, 99, -0.7, -1.0)})
     rb = Req("k", with_flip(BASE, 2, 99), cached=8, prompt=prompt, rows={2: flip(99, 7, -0.7, -1.0)})
     assert one(tmp_path, ra, rb, tie_nats=0.125).cls == "cache_boundary"
-    assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
+    p = one(tmp_path, ra, rb)
+    assert p.cls == "cache_boundary" and p.rule.startswith(
+        "boundaries 16 vs 8, a numeric-size gap in nats (bf16; no raw logits): |gap| A 0.3 nats <= 0.5 nats"
+    ), p.rule
 
 
 def test_tie_wins_over_cache_boundary(tmp_path):
+    """With raw logits a flip within the tie tolerance is a tie whatever the boundaries; in nats
+    only, the same flip across a moved boundary is cache_boundary (the test above)."""
     long = tuple(range(11, 43))  # 32 prompt tokens: a 16-token reused prefix is a real boundary
+    ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.7, -0.75, 20.0, 19.875)}, prompt=long)
+    rb = Req("k", with_flip(BASE, 2, 99), cached=0, rows={2: flip(99, 7, -0.7, -0.75, 20.0, 19.875)}, prompt=long)
+    assert one(tmp_path, ra, rb, raw=True).cls == "bf16_tie_flip"
     ra = Req("k", BASE, cached=16, rows={2: flip(7, 99, -0.7, -0.75)}, prompt=long)
     rb = Req("k", with_flip(BASE, 2, 99), cached=0, rows={2: flip(99, 7, -0.7, -0.75)}, prompt=long)
-    assert one(tmp_path, ra, rb).cls == "bf16_tie_flip"
+    assert one(tmp_path, ra, rb).cls == "cache_boundary"
 
 
 # -- unexplained ------------------------------------------------------------------------
