@@ -161,7 +161,8 @@ def resume(url: str, trace: Path, repeat: int, planned: set[str], before: dict |
 
 def one_kill(url: str, d: Path, i: int, rng: np.random.Generator, repeat: int, twice: bool) -> dict:
     trace = d / f"kill{i:02d}.h5"
-    planned = {f"c{p}#r{r}" for p in range(8) for r in range(repeat)}
+    # the capture's keys: the prompt id, with #r<k> only when it repeats (http.py plan_requests)
+    planned = {f"c{p}#r{r}" if repeat > 1 else f"c{p}" for p in range(8) for r in range(repeat)}
     k = int(rng.integers(0, len(planned) - 4))
     jitter = float(rng.uniform(0, 0.03))
     t0 = time.perf_counter()

@@ -48,11 +48,11 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     "grid_noise": [
         ("grid_noise.py", ["--max-tokens", "4", "--dtypes", "fp32"], [rf"mean tolerance needed \(max 0.5\): {NUM}"])
     ],
-    # --repeat 2: with --repeat 1 the capture's keys carry no #r suffix and the bench's plan misses them
+    # --repeat 1: the capture's keys then carry no #r suffix (the bench's plan once missed them)
     "crash": [
         (
             "crash.py",
-            ["--kills", "1", "--run-kills", "1", "--repeat", "2"],
+            ["--kills", "1", "--run-kills", "1", "--repeat", "1"],
             [r"capture: 1/1 kills survived", r"run: 1/1"],
         )
     ],
