@@ -4,6 +4,12 @@ Prints a table, or with --json one object. Ratios are measured side by side in
 one run: `read_vs_npy` = time to read the columns from the trace ÷ time to read
 the same arrays from .npy files (the floor); `bytes_vs_raw` = file size ÷ raw
 array bytes. Targets: read_vs_npy <= 2, bytes_vs_raw <= 1.2.
+The cost of the Fletcher-32 checksums (every dataset carries them): the same trace
+written without them (`TraceWriter(checksums=False)`, what an older tracekit wrote)
+side by side, `checksum_write_cost` / `checksum_read_cost` = with ÷ without (write:
+CPU seconds; read: the interleaved minimum), for 64-request groups and for one
+12-token request a flush (a serial capture of short answers: the worst case, each
+flush rewrites and checksums the chunk being filled).
 
 Example: python bench/store_bench.py --quick --json
 """
@@ -40,11 +46,14 @@ def make_columns(n: int, k: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def write_trace(path: Path, cols: dict, k: int, tokens_per_request: int, group: int) -> float:
+def write_trace(
+    path: Path, cols: dict, k: int, tokens_per_request: int, group: int, checksums: bool = True
+) -> tuple[float, float]:
+    """(wall s, CPU s) to write the columns as requests of `tokens_per_request`, `group` a flush."""
     n = len(cols["token_id"])
     meta = RunMeta(source="http", run={"bench": "store"}, layout=Layout(topk=k))
-    t0 = time.perf_counter()
-    with TraceWriter(path, meta, expected_tokens=n) as w:
+    t0, c0 = time.perf_counter(), time.process_time()
+    with TraceWriter(path, meta, expected_tokens=n, checksums=checksums) as w:
         batch = []
         for r, s in enumerate(range(0, n, tokens_per_request)):
             e = min(n, s + tokens_per_request)
@@ -54,7 +63,7 @@ def write_trace(path: Path, cols: dict, k: int, tokens_per_request: int, group: 
                 w.append_many(batch)
                 batch = []
         w.append_many(batch)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def read_trace(path: Path) -> tuple[float, dict]:
@@ -76,17 +85,28 @@ def run(n: int, k: int, repeats: int) -> dict:
     raw_bytes = sum(a.nbytes for a in cols.values())
     with tempfile.TemporaryDirectory() as td:
         d = Path(td)
-        path = d / "bench.h5"
-        write_s = write_trace(path, cols, k, tokens_per_request=256, group=64)
+        path, plain = d / "bench.h5", d / "plain.h5"
+        # with and without checksums, interleaved twice; the minimum CPU of each
+        w_ck, w_plain = [], []
+        for _ in range(2):
+            w_ck.append(write_trace(path, cols, k, tokens_per_request=256, group=64))
+            w_plain.append(write_trace(plain, cols, k, tokens_per_request=256, group=64, checksums=False))
+        write_s = min(w for w, _ in w_ck)
+        small = {c: a[: 12 * 1000] for c, a in cols.items()}
+        s_ck, s_plain = [], []
+        for _ in range(2):
+            s_ck.append(write_trace(d / "s1.h5", small, k, tokens_per_request=12, group=1)[1])
+            s_plain.append(write_trace(d / "s0.h5", small, k, tokens_per_request=12, group=1, checksums=False)[1])
         t0 = time.perf_counter()
         for c, a in cols.items():
             np.save(d / f"{c}.npy", a)
         npy_write_s = time.perf_counter() - t0
-        trace_reads, npy_reads = [], []
+        trace_reads, npy_reads, plain_reads = [], [], []
         for _ in range(repeats):  # interleaved; minimum of each (both from the page cache)
             s, got = read_trace(path)
             trace_reads.append(s)
             npy_reads.append(read_npy(d))
+            plain_reads.append(read_trace(plain)[0])
         for c in COLUMNS:
             assert np.array_equal(got[c], cols[c]), f"column {c} did not round-trip"
         size = os.path.getsize(path)
@@ -104,6 +124,14 @@ def run(n: int, k: int, repeats: int) -> dict:
         "read_vs_npy": tr / nr,
         "read_positions_per_s": n / tr,
         "write_positions_per_s": n / write_s,
+        "write_cpu_s": min(c for _, c in w_ck),
+        "write_cpu_s_no_checksum": min(c for _, c in w_plain),
+        "checksum_write_cost": min(c for _, c in w_ck) / min(c for _, c in w_plain),
+        "read_s_no_checksum": min(plain_reads),
+        "checksum_read_cost": tr / min(plain_reads),
+        "small_flush_cpu_ms": 1e3 * min(s_ck) / 1000,
+        "small_flush_cpu_ms_no_checksum": 1e3 * min(s_plain) / 1000,
+        "checksum_small_flush_cost": min(s_ck) / min(s_plain),
     }
 
 
@@ -135,6 +163,15 @@ def main() -> None:
         ["read (trace)", f"{res['read_s']:.3f} s"],
         ["read (.npy, floor)", f"{res['npy_read_s']:.3f} s"],
         ["read_vs_npy (target <= 2)", f"{res['read_vs_npy']:.2f}"],
+        ["write CPU, with / without checksums", f"{res['write_cpu_s']:.3f} / {res['write_cpu_s_no_checksum']:.3f} s"],
+        ["checksum_write_cost (64 requests a flush)", f"{res['checksum_write_cost']:.2f}"],
+        ["read, with / without checksums", f"{res['read_s']:.3f} / {res['read_s_no_checksum']:.3f} s"],
+        ["checksum_read_cost", f"{res['checksum_read_cost']:.2f}"],
+        [
+            "12-token request a flush, CPU ms, with / without",
+            f"{res['small_flush_cpu_ms']:.2f} / {res['small_flush_cpu_ms_no_checksum']:.2f}",
+        ],
+        ["checksum_small_flush_cost", f"{res['checksum_small_flush_cost']:.2f}"],
     ]
     print(tabulate(rows, tablefmt="github", headers=["store bench", ""]))
 

@@ -34,6 +34,7 @@ def summarize(path: str, verify: bool = True) -> dict:
             "cached_tokens_reported": int(np.sum(t.cached_tokens >= 0)),
             "run": r.meta.run,
             "verified_bytes": verified,
+            "checksum": r.meta.checksum or None,
         }
         if r.meta.source == "teacher_forced":
             out["histories"] = sorted(set(t.history.tolist()))
@@ -68,6 +69,11 @@ def cmd(file: str, as_json: bool, quick: bool) -> None:
     click.echo(f"cached_tokens reported on {s['cached_tokens_reported']}/{s['requests']} requests")
     vb = s["verified_bytes"]
     click.echo(f"checked: {'structure only (--quick)' if vb is None else f'every row read ({vb:,} bytes)'}")
+    click.echo(
+        "checksums: Fletcher-32 on every dataset (each chunk checked as it is read)"
+        if s["checksum"]
+        else "checksums: none (written before tracekit checksummed its traces: damaged data cannot be detected)"
+    )
     if "histories" in s:
         click.echo(f"histories: {', '.join(s['histories'])}  dtypes: {', '.join(s['dtypes'])}")
     run = s["run"]

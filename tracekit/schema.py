@@ -76,6 +76,7 @@ class RunMeta:
     format_version: int = FORMAT_VERSION
     writer: str = ""
     created_utc: str = ""
+    checksum: str = ""  # "fletcher32": every dataset's chunks carry a checksum; "" an older file without
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

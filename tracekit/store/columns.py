@@ -35,6 +35,13 @@ TOKEN_TOPK = {"topk_id": "<i4", "topk_logprob": "<f4", "topk_logit": "<f4"}
 TOKEN_COLUMNS = tuple(TOKEN_1D) + tuple(TOKEN_TOPK) + ("logits",)
 PROMPT_DTYPE = "<i4"
 
+# The root attribute `checksum` of a trace whose every chunked dataset carries HDF5's Fletcher-32
+# filter (written since tracekit 0.1.x; a v1 file without the attribute predates it).
+CHECKSUM = "fletcher32"
+
+# Chunk sizes: a flush writes (and checksums) the chunk being filled whole, so a capture that
+# flushes after every request rewrites up to one chunk a column each time; 256 KiB keeps that
+# small while whole-column reads stay at the .npy floor's speed (bench/store_bench.py).
 REQ_CHUNK = 256
-TOK_CHUNK_ROWS = 1 << 16  # 1-D token columns: 64K rows a chunk (256 KiB of int32)
-TOPK_CHUNK_BYTES = 1 << 20  # [N, k] columns: about 1 MiB a chunk (small traces: repacked at close)
+TOK_CHUNK_ROWS = 1 << 15  # 1-D token columns: 32K rows a chunk (128 KiB of int32)
+TOPK_CHUNK_BYTES = 1 << 18  # [N, k] columns: about 256 KiB a chunk (small traces: repacked at close)

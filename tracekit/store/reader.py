@@ -20,7 +20,7 @@ from ..errors import SchemaVersionError, TraceFormatError, TracekitError
 from ..schema import FORMAT, FORMAT_VERSION, Layout, RequestRecord, RequestTable, RunMeta, TokenColumns
 from .journal import journal_path, read_journal, writer_alive
 from .recovery import recover
-from .v1 import Opened, first_line, int_attr, read_all, read_v1, root_attrs, str_attr
+from .v1 import H5_ERRORS, Opened, damage, first_line, int_attr, read_all, read_v1, root_attrs, str_attr
 
 
 def _open(path: str, swmr: bool = False) -> h5py.File:
@@ -85,9 +85,6 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
 # own reader and upgraded in memory by the functions in _UPGRADES (none yet: v1 is the first).
 _READERS: dict[int, Callable[[h5py.File, dict, str, bool], Opened]] = {1: read_v1}
 _UPGRADES: dict[int, Callable[[RunMeta, RequestTable], tuple[RunMeta, RequestTable]]] = {}
-# What h5py raises on a damaged file (KeyError: "incorrect metadata checksum", OSError:
-# "can't read data", ValueError/RuntimeError from broken metadata). Caught only around reads.
-H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError)
 
 
 def _check_header(attrs: dict, path: str) -> int:
@@ -112,16 +109,15 @@ def _check_header(attrs: dict, path: str) -> int:
 
 
 @contextlib.contextmanager
-def damaged(path: str, where: str):
-    """Turn h5py's errors on a damaged file into one TraceFormatError that says where."""
+def damaged(path: str, where: str, ds: h5py.Dataset | None = None):
+    """Turn h5py's errors on a damaged file into one TraceFormatError that says where (a chunk
+    of dataset `ds` that fails its checksum says so)."""
     try:
         yield
     except TracekitError:
         raise
     except H5_ERRORS as e:
-        raise TraceFormatError(
-            f"{path}:{where}: unreadable ({first_line(e)}); the file is damaged (re-capture it)"
-        ) from None
+        raise damage(path, where, e, None if ds is None else ds.id) from None
 
 
 class TraceReader:
@@ -191,8 +187,11 @@ class TraceReader:
         """Token columns of request row i (reads only that request's rows)."""
         s = int(self.requests.token_offset[i])
         e = s + int(self.requests.n_tokens[i])
-        with damaged(self.path, f"/tokens (rows {s}:{e})"):
-            cols = {n: _read_rows(ds, s, e) for n, ds in self._tok.items() if n != "logits" or full_logits}
+        cols = {}
+        for n, ds in self._tok.items():
+            if n != "logits" or full_logits:
+                with damaged(self.path, f"/tokens/{n} (rows {s}:{e})", ds):
+                    cols[n] = _read_rows(ds, s, e)
         return TokenColumns(**cols)
 
     def prompt_ids(self, i: int) -> np.ndarray | None:
@@ -201,7 +200,7 @@ class TraceReader:
         if n < 0:
             return None
         s = int(self.requests.prompt_offset[i])
-        with damaged(self.path, f"/prompt/token_id (rows {s}:{s + n})"):
+        with damaged(self.path, f"/prompt/token_id (rows {s}:{s + n})", self._prompt):
             return _read_rows(self._prompt, s, s + n)
 
     def column(self, name: str, rows: slice | None = None) -> np.ndarray:
@@ -209,7 +208,7 @@ class TraceReader:
         ds = self._dataset(name)
         n = self.n_token_rows
         start, stop, step = (rows or slice(0, n)).indices(n)
-        with damaged(self.path, f"/tokens/{name}"):
+        with damaged(self.path, f"/tokens/{name}", ds):
             if step == 1:
                 return _read_rows(ds, start, max(start, stop))
             return ds[start:stop:step]
@@ -226,7 +225,7 @@ class TraceReader:
         for where, ds in named:
             n = ds.shape[0]
             step = max(1, block_bytes // max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))))
-            with damaged(self.path, where):
+            with damaged(self.path, where, ds):
                 for s in range(0, n, step):
                     total += _read_rows(ds, s, min(n, s + step)).nbytes
         return total
@@ -263,7 +262,7 @@ def read_token_rows(reader: TraceReader, name: str, rows: np.ndarray) -> np.ndar
         )
     # One slab read when the rows are dense enough; a point selection otherwise.
     span = int(uniq[-1] - uniq[0] + 1)
-    with damaged(reader.path, f"/tokens/{name}"):
+    with damaged(reader.path, f"/tokens/{name}", ds):
         if span <= 8 * len(uniq):
             got = _read_rows(ds, int(uniq[0]), int(uniq[-1]) + 1)[uniq - uniq[0]]
         else:
@@ -273,5 +272,5 @@ def read_token_rows(reader: TraceReader, name: str, rows: np.ndarray) -> np.ndar
 
 def prompt_column(reader: TraceReader) -> np.ndarray:
     """All prompt token ids of a trace, concatenated (index with prompt_offset/prompt_len)."""
-    with damaged(reader.path, "/prompt/token_id"):
+    with damaged(reader.path, "/prompt/token_id", reader._prompt):
         return read_all(reader._prompt.id)

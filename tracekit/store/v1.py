@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import TraceFormatError
 from ..runrecord import RunRecord
 from ..schema import SOURCES, Layout, RequestTable, RunMeta
-from .columns import ENUMS, FIXED, PROMPT_DTYPE, RAGGED, TOKEN_1D, TOKEN_TOPK
+from .columns import CHECKSUM, ENUMS, FIXED, PROMPT_DTYPE, RAGGED, TOKEN_1D, TOKEN_TOPK
 
 ATTRS = ("source", "run", "topk", "raw_logits", "vocab_size", "writer", "created_utc")
 
@@ -29,6 +29,41 @@ ATTRS = ("source", "run", "topk", "raw_logits", "vocab_size", "writer", "created
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+# What h5py raises on a damaged file (KeyError: "incorrect metadata checksum", OSError:
+# "can't read data", ValueError/RuntimeError from broken metadata). Caught only around reads.
+H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError)
+
+
+def _has_checksum(dsid: h5py.h5d.DatasetID) -> bool:
+    dcpl = dsid.get_create_plist()
+    return any(dcpl.get_filter(i)[0] == h5py.h5z.FILTER_FLETCHER32 for i in range(dcpl.get_nfilters()))
+
+
+def damage(path: str, where: str, err: BaseException, dsid: h5py.h5d.DatasetID | None = None) -> TraceFormatError:
+    """One line for a read of dataset `where` that HDF5 refused. A chunk that fails its
+    Fletcher-32 checksum comes back from HDF5 as "filter returned failure during read"."""
+    text = first_line(err)
+    checked = False
+    if dsid is not None and "filter returned failure" in text:
+        try:
+            checked = _has_checksum(dsid)
+        except H5_ERRORS:
+            pass
+    if checked:
+        return TraceFormatError(
+            f"{path}:{where}: damaged data: a chunk failed its Fletcher-32 checksum (its bytes changed after "
+            "they were written); the file is corrupt (re-capture it, or restore it from a copy)"
+        )
+    return TraceFormatError(f"{path}:{where}: unreadable ({text}); the file is damaged (re-capture it)")
+
+
+def _read_checked(dsid: h5py.h5d.DatasetID, where: str, path: str, n: int | None = None) -> np.ndarray:
+    try:
+        return read_all(dsid, n)
+    except H5_ERRORS as e:
+        raise damage(path, where, e, dsid) from None
 
 
 def _bad(path: str, where: str, what: str) -> TraceFormatError:
@@ -59,6 +94,16 @@ def int_attr(attrs: dict, name: str, path: str) -> int:
     raise _bad(path, f" attribute {name!r}", f"expected an integer, found {v!r:.40}")
 
 
+def read_checksum(a: dict, path: str) -> str:
+    """The `checksum` attribute: CHECKSUM, or "" for a file written before checksums."""
+    if "checksum" not in a:
+        return ""
+    v = str_attr(a, "checksum", path)
+    if v != CHECKSUM:
+        raise _bad(path, " attribute 'checksum'", f"{v!r:.40} is not {CHECKSUM!r}")
+    return v
+
+
 def read_meta(a: dict, path: str, version: int) -> RunMeta:
     missing = [n for n in ATTRS if n not in a]
     if missing:
@@ -85,6 +130,7 @@ def read_meta(a: dict, path: str, version: int) -> RunMeta:
         format_version=version,
         writer=str_attr(a, "writer", path),
         created_utc=str_attr(a, "created_utc", path),
+        checksum=read_checksum(a, path),
     )
 
 
@@ -97,9 +143,12 @@ def _group(f: h5py.File, name: str, path: str) -> h5py.Group:
     return g
 
 
-def dataset_id(group: h5py.Group, name: str, dtype: str, ndim: int, path: str, dapl=None) -> h5py.h5d.DatasetID:
-    """The dataset `name` of `group`, checked for its dtype and rank. Low level: the
-    high-level wrapper costs ~50 us a dataset, and a trace opens about 40."""
+def dataset_id(
+    group: h5py.Group, name: str, dtype: str, ndim: int, path: str, dapl=None, checksum: bool = False
+) -> h5py.h5d.DatasetID:
+    """The dataset `name` of `group`, checked for its dtype and rank, and with `checksum` (the
+    file says it has them) for its Fletcher-32 filter. Low level: the high-level wrapper costs
+    ~50 us a dataset, and a trace opens about 40."""
     try:
         dsid = h5py.h5d.open(group.id, name.encode(), dapl)
     except (KeyError, ValueError, OSError) as e:  # h5py's lookup errors: say which case it is
@@ -112,6 +161,9 @@ def dataset_id(group: h5py.Group, name: str, dtype: str, ndim: int, path: str, d
     if dsid.rank != ndim or dsid.dtype != _DTYPES.setdefault(dtype, np.dtype(dtype)):
         where = f"{group.name.rstrip('/')}/{name}"
         raise _bad(path, where, f"expected {ndim}-D {np.dtype(dtype)}, found {dsid.rank}-D {dsid.dtype} {dsid.shape}")
+    if checksum and not (ndim == 2 and dsid.shape[1] == 0) and not _has_checksum(dsid):  # [N, 0]: no data
+        where = f"{group.name.rstrip('/')}/{name}"
+        raise _bad(path, where, "no Fletcher-32 checksum filter, which the file's 'checksum' attribute promises")
     return dsid
 
 
@@ -142,11 +194,11 @@ def _check_ends(end: np.ndarray, n_bytes: int, where: str, path: str, live: bool
         raise _bad(path, where, f"end offsets reach byte {last}, the column holds {n_bytes}")
 
 
-def _ragged(req: h5py.Group, name: str, end: np.ndarray, path: str, live: bool) -> np.ndarray:
+def _ragged(req: h5py.Group, name: str, end: np.ndarray, path: str, live: bool, ck: bool) -> np.ndarray:
     n = len(end)
-    nb = dataset_id(req, f"{name}_bytes", "u1", 1, path)
+    nb = dataset_id(req, f"{name}_bytes", "u1", 1, path, checksum=ck)
     _check_ends(end, nb.shape[0], f"/requests/{name}_end", path, live)
-    data = read_all(nb, int(end[-1]) if n else 0).tobytes()
+    data = _read_checked(nb, f"/requests/{name}_bytes", path, int(end[-1]) if n else 0).tobytes()
     starts = [0] + end[:-1].tolist()
     out = np.empty(n, dtype=object)
     try:
@@ -162,10 +214,13 @@ def _ragged(req: h5py.Group, name: str, end: np.ndarray, path: str, live: bool) 
     return out
 
 
-def _columns(req: h5py.Group, path: str, live: bool) -> tuple[int, dict]:
+def _columns(req: h5py.Group, path: str, live: bool, ck: bool) -> tuple[int, dict]:
     """Every fixed column and every ragged column's end offsets, cut to the rows all of them hold."""
-    raw = {name: read_all(dataset_id(req, name, dt, 1, path)) for name, (dt, _) in FIXED.items()}
-    raw.update({f"{r}_end": read_all(dataset_id(req, f"{r}_end", "<i8", 1, path)) for r in RAGGED})
+    want = [(name, dt) for name, (dt, _) in FIXED.items()] + [(f"{r}_end", "<i8") for r in RAGGED]
+    raw = {
+        name: _read_checked(dataset_id(req, name, dt, 1, path, checksum=ck), f"/requests/{name}", path)
+        for name, dt in want
+    }
     lens = {name: len(a) for name, a in raw.items()}
     n = min(lens.values())
     if not live and max(lens.values()) != n:
@@ -219,13 +274,18 @@ def _live_prefix(cols: dict, tok_rows: int, prompt_rows: int) -> int:
     return int(np.argmin(good)) if not good.all() else len(good)
 
 
-def token_datasets(f: h5py.File, layout: Layout, path: str, logits_dapl=None) -> dict[str, h5py.Dataset]:
+def token_datasets(
+    f: h5py.File, layout: Layout, path: str, logits_dapl=None, checksum: bool = False
+) -> dict[str, h5py.Dataset]:
     """The token columns this layout promises, checked for dtype and width; no other may exist."""
     tok = _group(f, "tokens", path)
     want = dict(TOKEN_1D) | {k: v for k, v in TOKEN_TOPK.items() if k != "topk_logit" or layout.raw_logits}
-    out = {n: h5py.Dataset(dataset_id(tok, n, dt, 1 if n in TOKEN_1D else 2, path)) for n, dt in want.items()}
+    out = {
+        n: h5py.Dataset(dataset_id(tok, n, dt, 1 if n in TOKEN_1D else 2, path, checksum=checksum))
+        for n, dt in want.items()
+    }
     if layout.vocab_size:
-        out["logits"] = h5py.Dataset(dataset_id(tok, "logits", "<f4", 2, path, logits_dapl))
+        out["logits"] = h5py.Dataset(dataset_id(tok, "logits", "<f4", 2, path, logits_dapl, checksum))
     for name in tok:
         if name not in out:
             raise _bad(path, f"/tokens/{name}", "a column the root attributes do not announce (topk_logit/logits)")
@@ -249,9 +309,10 @@ class Opened:
 def read_v1(f: h5py.File, attrs: dict, path: str, live: bool) -> Opened:
     """Root attributes, token column handles and the request table of a v1 file, all checked."""
     meta = read_meta(attrs, path, 1)
-    tokens = token_datasets(f, meta.layout, path, _logits_access())
-    prompt = h5py.Dataset(dataset_id(_group(f, "prompt", path), "token_id", PROMPT_DTYPE, 1, path))
-    return Opened(meta, tokens, prompt, _table(f, path, tokens, prompt.shape[0], live))
+    ck = bool(meta.checksum)
+    tokens = token_datasets(f, meta.layout, path, _logits_access(), ck)
+    prompt = h5py.Dataset(dataset_id(_group(f, "prompt", path), "token_id", PROMPT_DTYPE, 1, path, checksum=ck))
+    return Opened(meta, tokens, prompt, _table(f, path, tokens, prompt.shape[0], live, ck))
 
 
 def _logits_access() -> h5py.h5p.PropDAID:
@@ -263,16 +324,16 @@ def _logits_access() -> h5py.h5p.PropDAID:
     return dapl
 
 
-def _table(f: h5py.File, path: str, tokens: dict, prompt_rows: int, live: bool) -> RequestTable:
+def _table(f: h5py.File, path: str, tokens: dict, prompt_rows: int, live: bool, ck: bool) -> RequestTable:
     """The request table, checked against its token and prompt columns."""
     req = _group(f, "requests", path)
-    n, cols = _columns(req, path, live)
+    n, cols = _columns(req, path, live, ck)
     tok_rows = {name: ds.shape[0] for name, ds in tokens.items()}
     if live:
         n = _live_prefix(cols, min(tok_rows.values()), prompt_rows)
         cols = {k: v[:n] for k, v in cols.items()}
     for name in RAGGED:
-        cols[name] = _ragged(req, name, cols.pop(f"{name}_end"), path, live)
+        cols[name] = _ragged(req, name, cols.pop(f"{name}_end"), path, live, ck)
     _check_rows(cols, path)
     if not live:
         rows = tok_rows["token_id"]

@@ -24,7 +24,7 @@ import numpy as np
 from .. import __version__
 from ..errors import TraceFormatError
 from ..schema import FORMAT, FORMAT_VERSION, RequestRecord, RunMeta, TokenColumns
-from .columns import FIXED, RAGGED, REQ_CHUNK, TOK_CHUNK_ROWS, TOKEN_1D, TOKEN_COLUMNS, TOPK_CHUNK_BYTES
+from .columns import CHECKSUM, FIXED, RAGGED, REQ_CHUNK, TOK_CHUNK_ROWS, TOKEN_1D, TOKEN_COLUMNS, TOPK_CHUNK_BYTES
 from .journal import JournalWriter
 from .rows import Row, check_request
 
@@ -58,6 +58,7 @@ def repack_if_sparse(path: Path) -> bool:
                     compression=src.compression,
                     compression_opts=src.compression_opts,
                     shuffle=src.shuffle,
+                    fletcher32=src.fletcher32,
                 )
     os.replace(tmp, path)
     return True
@@ -69,14 +70,15 @@ def _utc_now() -> str:
 
 def _open_for_append(group: h5py.Group, name: str) -> h5py.Dataset:
     """A dataset opened with a raw-data chunk cache for appending: none for plain chunks (each
-    append is written straight to its place in the file), one chunk for compressed ones (the
-    chunk being filled is not decompressed again at every append). HDF5's default, 1 MiB per
+    append is written straight to its place in the file), one chunk for filtered ones
+    (compressed or checksummed: the chunk being filled is not read back, checked and decoded
+    again at every append; HDF5 writes it whole, with its new checksum, at each flush). HDF5's default, 1 MiB per
     dataset, kept every chunk written while it fitted; an append-only writer never reads one
     back, and a capture's memory grew with its rows (~1.2 KB a request: +53 MB over 48,000
     12-token requests, the same append cost without it)."""
     ds = group[name]
     chunk_bytes = int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else 0
-    nbytes = chunk_bytes if ds.compression else 0
+    nbytes = chunk_bytes if ds.compression or ds.fletcher32 else 0
     del ds  # the cache is set when a dataset is first opened: no other handle may be open
     dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
     dapl.set_chunk_cache(1, nbytes, 1.0)  # (slots, bytes, w0)
@@ -91,11 +93,21 @@ class TraceWriter:
     """
 
     def __init__(
-        self, path: str | os.PathLike, meta: RunMeta, expected_tokens: int | None = None, journal: bool = True
+        self,
+        path: str | os.PathLike,
+        meta: RunMeta,
+        expected_tokens: int | None = None,
+        journal: bool = True,
+        checksums: bool = True,
     ):
         # expected_tokens (a hint) shrinks chunks for small traces: a chunk is
         # allocated whole, so a 500-token trace should not carry 256 KiB chunks.
         self._chunk_cap = max(64, int(expected_tokens)) if expected_tokens else None
+        # HDF5's Fletcher-32 filter on every dataset: a reader that meets a chunk whose bytes
+        # changed fails naming the dataset, never hands out the damage (docs/format.md,
+        # "Checksums"). Off only to measure its cost (bench/store_bench.py) or to write the
+        # files of an older tracekit in tests.
+        self._checksums = checksums
         self.path = Path(path)
         self.meta = meta
         self.layout = meta.layout
@@ -125,15 +137,18 @@ class TraceWriter:
         f.attrs["topk"] = m.layout.topk
         f.attrs["raw_logits"] = int(m.layout.raw_logits)
         f.attrs["vocab_size"] = m.layout.vocab_size
+        ck = {"fletcher32": True} if self._checksums else {}
+        if self._checksums:
+            f.attrs["checksum"] = CHECKSUM
         req = f.create_group("requests")
         for name, (dt, _) in FIXED.items():
-            req.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(REQ_CHUNK,))
+            req.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(REQ_CHUNK,), **ck)
         for name in RAGGED:
-            req.create_dataset(f"{name}_bytes", shape=(0,), maxshape=(None,), dtype="u1", chunks=(1 << 12,))
-            req.create_dataset(f"{name}_end", shape=(0,), maxshape=(None,), dtype="<i8", chunks=(REQ_CHUNK,))
+            req.create_dataset(f"{name}_bytes", shape=(0,), maxshape=(None,), dtype="u1", chunks=(1 << 12,), **ck)
+            req.create_dataset(f"{name}_end", shape=(0,), maxshape=(None,), dtype="<i8", chunks=(REQ_CHUNK,), **ck)
         tok = f.create_group("tokens")
         for name, dt in (("token_id", "<i4"), ("logprob", "<f4"), ("t_arrival_s", "<f8")):
-            tok.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(self._rows(TOK_CHUNK_ROWS),))
+            tok.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(self._rows(TOK_CHUNK_ROWS),), **ck)
         k = max(m.layout.topk, 1)
         rows = self._rows(max(256, TOPK_CHUNK_BYTES // (4 * k)))
         cols = [("topk_id", "<i4"), ("topk_logprob", "<f4")] + ([("topk_logit", "<f4")] if m.layout.raw_logits else [])
@@ -144,6 +159,7 @@ class TraceWriter:
                 maxshape=(None, m.layout.topk),
                 dtype=dt,
                 chunks=(rows, k) if m.layout.topk else None,
+                **(ck if m.layout.topk else {}),  # [N, 0]: no chunks, no data to check
             )
         if m.layout.vocab_size:
             v = m.layout.vocab_size
@@ -156,9 +172,10 @@ class TraceWriter:
                 compression="gzip",
                 compression_opts=1,
                 shuffle=True,
+                **ck,
             )
         f.create_group("prompt").create_dataset(
-            "token_id", shape=(0,), maxshape=(None,), dtype="<i4", chunks=(self._rows(TOK_CHUNK_ROWS),)
+            "token_id", shape=(0,), maxshape=(None,), dtype="<i4", chunks=(self._rows(TOK_CHUNK_ROWS),), **ck
         )
 
     def _rows(self, default: int) -> int:

@@ -3,7 +3,8 @@
 HDF5 keeps a raw-data chunk cache of 1 MiB per dataset by default, and a written chunk stayed in
 it while it fitted: a capture's resident memory grew with every row (~1.04 KB a 12-token request,
 +53 MB over 48,000), although an append-only writer never reads a chunk back. The writer now
-opens its datasets with no chunk cache (one chunk for compressed ones)."""
+opens its datasets with no chunk cache, or one chunk for filtered ones (compressed or checksummed:
+every dataset since the Fletcher-32 checksums), a fixed size whatever the rows."""
 
 from __future__ import annotations
 
@@ -75,8 +76,15 @@ def test_datasets_are_opened_without_a_chunk_cache_and_read_back_whole(tmp_path)
         sent.append(tok)
     for name, ds in w._handles().items():
         nslots, nbytes, w0 = ds.id.get_access_plist().get_chunk_cache()
-        want = int(np.prod(ds.chunks)) * ds.dtype.itemsize if name == "tokens/logits" else 0
+        # every dataset is checksummed (Fletcher-32, issue 24): one chunk each, like the compressed
+        # logits, so the chunk being filled is not read back and checked at every append
+        assert ds.fletcher32, name
+        want = int(np.prod(ds.chunks)) * ds.dtype.itemsize
         assert (nbytes, w0) == (want, 1.0), name
+    w2 = TraceWriter(tmp_path / "plain.h5", RunMeta(source="http", run={}, layout=Layout(topk=3)), checksums=False)
+    for name, ds in w2._handles().items():  # without checksums (an older file's layout): no cache
+        assert ds.id.get_access_plist().get_chunk_cache()[1:] == (0, 1.0), name
+    w2.close()
     w.close()
     with TraceReader(out) as r:
         assert len(r) == 40
