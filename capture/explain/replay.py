@@ -6,10 +6,12 @@ up to and including the first differing position t, so the last scored
 position is t (A and B agree before t, so the replay sees B's prefix too).
 Histories: `full` (no cache: the reference), `decode` (prefill, then one
 token a step, as serving does), and `prefix:b` for B's and A's reused-prefix
-boundaries, each in every asked dtype. A `prefix:b` history is computed for
-every target whose inputs are longer than b (one run serves all targets);
-the analysis reads each target's own boundaries. A boundary of 0 or unknown
-has no prefix history: that side's replay is `full` (said in the report).
+boundaries, each in every asked dtype. Each target is replayed under its own
+boundaries only (one run serves all targets; targets with the same boundaries
+and lengths share batches): 2 pairs with boundaries {32} and {16, 48} write
+3 + 4 rows a dtype, not 5 + 5 (every pair's boundaries for every pair, before).
+A boundary of 0 or unknown has no prefix history: that side's replay is `full`
+(said in the report).
 """
 
 from __future__ import annotations
@@ -47,8 +49,14 @@ def sequences(targets: list[Target]) -> list[TokenSequence]:
 
 
 def histories(targets: list[Target]) -> tuple[HistorySpec, ...]:
+    """Every history some target is replayed under (the run metadata's list)."""
     bounds = sorted({b for t in targets for b in (t.boundary_b, t.boundary_a) if b > 0})
     return (HistorySpec("full"), HistorySpec("decode")) + tuple(HistorySpec("prefix", b) for b in bounds)
+
+
+def histories_of(t: Target) -> tuple[HistorySpec, ...]:
+    """One target's histories: full, decode and a prefix at each of its own boundaries."""
+    return histories([t])
 
 
 def replay(cfg: ReplayConfig, targets: list[Target]) -> DiagnosticSummary:
@@ -56,6 +64,7 @@ def replay(cfg: ReplayConfig, targets: list[Target]) -> DiagnosticSummary:
     dcfg = DiagnosticConfig(
         model_dir=cfg.model_dir,
         histories=histories(targets),
+        histories_by_key={t.key: histories_of(t) for t in targets},
         dtypes=tuple(cfg.dtypes),
         device=cfg.device,
         topk=cfg.top_logprobs,

@@ -44,6 +44,10 @@ class DiagnosticConfig:
     batch_tokens: int = 1 << 15  # input tokens per batched forward (memory bound)
     batch_logits_bytes: int = 1 << 29  # FP32 bytes of one history's scored logits [N, G, V] per batch
     rank: Rank | None = None  # this process's rank of a --tp run (only inside the ranks tp.launch starts)
+    # key -> the histories of that sequence alone (`histories` is then what the run may hold, the
+    # run metadata's list); a key not in it gets `histories`. explain replays each pair's own
+    # boundaries, not every pair's for every pair.
+    histories_by_key: dict | None = None
 
     @property
     def tp(self) -> int:
@@ -83,15 +87,17 @@ def plan_batches(
     batch_tokens: int,
     logits_per_seq_bytes=lambda g: 0,
     logits_budget: int = 1 << 29,
+    by_key: dict | None = None,
 ):
     """Batches [(seq indices, histories)]: equal shapes and equal histories, at
     most batch_tokens inputs and logits_budget bytes of one history's scored
-    logits each. Also returns the skipped 'key history' pairs."""
+    logits each. `by_key`: a sequence's own specs by key, instead of `specs`.
+    Also returns the skipped 'key history' pairs."""
     groups: dict[tuple, list[int]] = {}
     hist_of: dict[tuple, list[History]] = {}
     skipped = []
     for i, s in enumerate(seqs):
-        hists, bad = resolve(s, specs)
+        hists, bad = resolve(s, by_key.get(s.key, specs) if by_key else specs)
         skipped += [f"{s.key} {label}" for label in bad]
         if not hists:
             continue
@@ -212,7 +218,12 @@ def run_diagnostic(
             )
             if batches is None:
                 batches, skipped = plan_batches(
-                    seqs, cfg.histories, cfg.batch_tokens, lambda g, v=lm.vocab_size: g * v * 4, cfg.batch_logits_bytes
+                    seqs,
+                    cfg.histories,
+                    cfg.batch_tokens,
+                    lambda g, v=lm.vocab_size: g * v * 4,
+                    cfg.batch_logits_bytes,
+                    cfg.histories_by_key,
                 )
                 if not batches:
                     raise ConfigError(

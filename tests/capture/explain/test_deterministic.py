@@ -80,3 +80,25 @@ def test_teacher_forced_replay_rows(tmp_path):
         assert sorted(t.history) == ["decode", "full", "prefix:32"] and set(t.key) == {"c1"}
         for i in range(len(t)):
             assert np.array_equal(r.tokens(i).token_id, [5, 6, 7, 8]) and np.array_equal(r.prompt_ids(i), ps[1])
+
+
+def test_each_pair_is_replayed_under_its_own_boundaries_only(tmp_path):
+    """Issue 24 item 12: two pairs with boundaries {32} and {16, 40} -> 3 + 4 rows a dtype (full,
+    decode, a prefix at each own boundary), not 5 + 5 (every pair's boundaries for every pair:
+    10 rows where 7 suffice, and a pair's verdict could read another pair's boundary)."""
+    ps = _prompts()
+    one = Target("c1", ps[1], 3, 7, 9, 0, 32, (5, 6, 7, 8), (), True)
+    two = Target("c2", ps[2], 3, 7, 9, 16, 40, (5, 6, 7, 8), (), True)
+    s = replay(ReplayConfig(str(MODEL), str(tmp_path / "t.h5"), ("fp32",), "cpu", 5), [one, two])
+    assert s.rows == 7
+    with TraceReader(tmp_path / "t.h5") as r:
+        t = r.requests
+        got = {k: sorted(h for kk, h in zip(t.key, t.history) if kk == k) for k in ("c1", "c2")}
+        assert got == {"c1": ["decode", "full", "prefix:32"], "c2": ["decode", "full", "prefix:16", "prefix:40"]}
+        assert r.meta.run["histories"] == ["full", "decode", "prefix:16", "prefix:32", "prefix:40"]
+        # the shared histories are the same numbers whether or not the pairs share a batch
+        full = {t.key[i]: r.tokens(i).topk_logit for i in range(len(t)) if t.history[i] == "full"}
+    s1 = replay(ReplayConfig(str(MODEL), str(tmp_path / "one.h5"), ("fp32",), "cpu", 5), [one])
+    with TraceReader(tmp_path / "one.h5") as r:
+        alone = {r.requests.key[i]: r.tokens(i).topk_logit for i in range(len(r)) if r.requests.history[i] == "full"}
+    assert s1.rows == 3 and np.array_equal(alone["c1"], full["c1"])
