@@ -48,13 +48,20 @@ Examples:
     type=click.Path(exists=True, dir_okay=False),
     help="This engine's measured noise (`tracekit calibrate`): the numeric bound comes from it.",
 )
+@click.option(
+    "--allow-engine-mismatch",
+    is_flag=True,
+    help="Explain even when an engine's self-report (model, dtype, slots, prefix cache, family) differs "
+    "from the traces' run metadata; the mismatch is noted.",
+)
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per request.")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from env VAR (never stored).")
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the traces (default explain-<UTC>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.explain/1).")
 @click.option("--markdown", is_flag=True, help="Print markdown to paste into a pull request.")
 def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, device, deterministic_url, fp32_url,
-        top_logprobs, drift_nats, calibration, timeout_s, api_key_env, out, as_json, markdown) -> int:  # fmt: skip
+        top_logprobs, drift_nats, calibration, allow_engine_mismatch, timeout_s, api_key_env, out, as_json,
+        markdown) -> int:  # fmt: skip
     """For each divergent pair of A (reference) and B, rerun the request under
     controlled variants on the live engine (alone cold, alone warm at each side's
     reused-prefix boundary, in a burst with B's batch mates; on the deterministic
@@ -63,7 +70,9 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
     With a `tracekit run` directory instead of A and B, every cell with divergent
     pairs (serial baseline = A, burst = B), traces under DIR/cells/<id>/explain/.
     Exit 0 when every pair has a numeric cause, 1 when some pair is not
-    reproduced (report it as a bug) or unresolved."""
+    reproduced (report it as a bug) or unresolved. Each URL's self-report is checked against
+    A's and B's run metadata first (model, dtype, slots, prefix cache, family): a mismatch stops
+    with one line unless --allow-engine-mismatch; the URL and the report go into explain.json."""
     from tracekit.analyze.explain_report import markdown as md
     from tracekit.analyze.explain_report import text
     from tracekit.workflows.explain import ExplainOptions, explain_files, log, run_dir_cells
@@ -71,7 +80,8 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
     o = ExplainOptions(url, repeats, model_dir, dtypes, device, deterministic_url, fp32_url, top_logprobs,
-                       drift_nats, timeout_s, api_key_env, config_repeats, calibration)  # fmt: skip
+                       drift_nats, timeout_s, api_key_env, config_repeats, calibration,
+                       allow_engine_mismatch)  # fmt: skip
     chosen = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
     if Path(a).is_dir():
         if b is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tracekit.analyze.explain import explain, select_pairs
 from tracekit.calibration import read_calibration
-from tracekit.capture.explain import ReplayConfig, VariantConfig, plan_targets, replay, run_variants
+from tracekit.capture.explain import ReplayConfig, VariantConfig, identity, plan_targets, replay, run_variants
 from tracekit.capture.explain.engines import start_configs
 from tracekit.rundir import RunDir, write_explain
 
@@ -37,6 +37,7 @@ class ExplainOptions:
     api_key_env: str | None = None
     config_repeats: int | None = None  # runs of each variant on the deterministic / FP32 configurations
     calibration: str | None = None  # a tracekit.calibration record of this engine (`tracekit calibrate`)
+    allow_engine_mismatch: bool = False  # explain on an engine whose self-report differs from the traces'
 
 
 def log(msg: str) -> None:
@@ -49,9 +50,11 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
     """Explain the divergent (or chosen) pairs of A and B; traces and explain.json under root.
     Returns the ExplainResult."""
     pairs, skipped, _ = select_pairs(a, b, keys)
-    notes, variants, teacher, mates = [], [], None, {}
+    notes, variants, teacher, mates, engines = [], [], None, {}, {}
     if pairs:
-        variants, teacher, mates, notes = _run(a, b, pairs, root, o)
+        engines, notes = check_engines(a, b, o)  # before anything runs: a mismatch stops here
+        variants, teacher, mates, run_notes = _run(a, b, pairs, root, o)
+        notes += run_notes
     cal = read_calibration(o.calibration) if o.calibration else None
     result = explain(
         a, b, pairs, [str(v) for v in variants], teacher, mates, skipped, o.drift_nats, notes, calibration=cal
@@ -59,8 +62,22 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
     if pairs:
         doc = result.to_json()
         doc["traces"] = {"variants": [v.name for v in variants], "teacher_forced": teacher and Path(teacher).name}
+        doc["engines"] = engines  # config -> URL, self-report, facts, what it was checked against
         write_explain(root, doc)
     return result
+
+
+def check_engines(a: str, b: str, o: ExplainOptions) -> tuple[dict, list[str]]:
+    """Each given URL's self-report against A's and B's run metadata (capture/explain/identity.py):
+    ({config: explain.json entry}, note lines). Raises ConfigError on a mismatch unless allowed."""
+    traces = [("A", a, identity.trace_facts(a)), ("B", b, identity.trace_facts(b))]
+    engines, notes = {}, []
+    for config, url in (("engine", o.url), ("deterministic", o.deterministic_url), ("fp32", o.fp32_url)):
+        if url:
+            report = identity.probe_engine(url, o.api_key_env, o.timeout_s)
+            engines[config], note = identity.check(config, report, traces, o.allow_engine_mismatch)
+            notes.append(note)
+    return engines, notes
 
 
 def _run(a, b, pairs, root: Path, o: ExplainOptions):
