@@ -49,6 +49,21 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class PromptRow:
+    """One prompt position's evidence (prompt_logprobs): the logprob, logit and rank of the prompt
+    token at `pos`, computed from the logits at pos - 1, and that row's top-k."""
+
+    pos: int
+    token_id: int
+    logprob: float
+    logit: float
+    rank: int  # 1 + how many ids have a strictly larger logit
+    top_ids: list[int]
+    top_logprobs: list[float]
+    top_logits: list[float]
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     message: str
 
@@ -71,6 +86,8 @@ class GenRequest:
     temperature: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
+    prompt_logprobs: int | None = None  # vLLM's: top-k width of each prompt position's row (None = off)
+    forced: tuple[int, ...] = ()  # teacher forcing: these ids are fed back instead of the chosen ones
     emit: Callable[[object], None] = print
     cancel_reason: str | None = None  # set by the client side: "cancelled" | "stop"
     slot: int = -1
@@ -80,6 +97,7 @@ class GenRequest:
     cached_tokens: int = 0
     cached_tokens_reported: int = 0  # usage.cached_tokens (cached_tokens unless a fault misreports it)
     prefilling: bool = False  # admitted, prompt KV not complete yet
+    prompt_rows: list = field(default_factory=list)  # PromptRow per computed prompt position (prompt_logprobs)
     generator: object = None
     fault_state: object = None  # an injected fault's per-request memory (faults_hooks.py)
 
@@ -110,9 +128,17 @@ class Engine:
         threads: int = 0,
         prefill_chunk: int = 0,
         fault=None,
+        invariant_block: int = 0,
     ):
         self.executor, self.cache, self.post, self.threads = executor, prefix_cache, post, threads
-        self.prefill_chunk = prefill_chunk  # tokens per prefill forward; 0 = the whole prompt
+        self.prefill_chunk = prefill_chunk  # tokens per prefill step; 0 = the whole prompt
+        # > 0 (--batch-invariant, the block size): every prefill forward covers exactly one block
+        # [j*B, (j+1)*B) of the prompt (or its last, partial one), so each position's KV and the
+        # last position's logits come from a forward of the same shape over the same past, whatever
+        # prefix the cache served. Kernels are not row-invariant over the number of query rows
+        # (BF16 on CPU: one prompt prefilled from 16 vs from 112 differs by 0.0156-0.0625 in its
+        # last logits), so a split that depends on the cache history would change the bits.
+        self.invariant_block = invariant_block
         self.fault = fault  # faults_hooks.EngineFault (TESTING ONLY; None = healthy), shared with the executor
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque[GenRequest] = collections.deque()
@@ -276,19 +302,54 @@ class Engine:
         run = self.executor
         n = len(r.prompt_ids)
         end = n if self.prefill_chunk <= 0 else min(n, r.length + self.prefill_chunk)
-        if self.fault is None:
-            logits = run.prefill(r.slot, r.prompt_ids[:end], r.length)
-        else:
-            self.fault.before_chunk(run, r)
-            logits = run.prefill(r.slot, r.prompt_ids[:end], r.length, self.fault.prefill_shift(r))
-        r.length = end
-        self.counters.prefills += 1
+        b = self.invariant_block
+        while r.length < end:  # one forward, or one per block under --batch-invariant (see __init__)
+            stop = end if b <= 0 else min(end, (r.length // b + 1) * b)
+            if r.prompt_logprobs is not None:  # every position's logits; the last starts the output
+                rows = run.prefill(r.slot, r.prompt_ids[:stop], r.length, all_logits=True)
+                self._prompt_rows(r, r.length, rows)
+                logits = rows[-1:]
+            elif self.fault is None:
+                logits = run.prefill(r.slot, r.prompt_ids[:stop], r.length)
+            else:
+                self.fault.before_chunk(run, r)
+                logits = run.prefill(r.slot, r.prompt_ids[:stop], r.length, self.fault.prefill_shift(r))
+            r.length = stop
+            self.counters.prefills += 1
         if end < n:
             return
         r.prefilling = False
         if self.cache is not None:
             self.cache.insert(r.prompt_ids, n, lambda a, b, s=r.slot: run.kv_slice(s, a, b))
         self._emit_step([r], logits)
+
+    @staticmethod
+    def _prompt_rows(r: GenRequest, start: int, rows) -> None:
+        """PromptRows for the prompt tokens at start+1 .. start+len(rows)-1 ... and the one at
+        start+len(rows) when it is still a prompt token (rows[i] predicts position start+i+1)."""
+        import torch
+
+        raw = rows.float()
+        lp = torch.log_softmax(raw, dim=-1)
+        k = r.prompt_logprobs
+        top_logits, top_ids = torch.topk(raw, max(k, 1), dim=-1)
+        for i in range(raw.shape[0]):
+            pos = start + i + 1
+            if pos >= len(r.prompt_ids):
+                break
+            tok = r.prompt_ids[pos]
+            r.prompt_rows.append(
+                PromptRow(
+                    pos,
+                    tok,
+                    float(lp[i, tok]),
+                    float(raw[i, tok]),
+                    int((raw[i] > raw[i, tok]).sum()) + 1,
+                    top_ids[i, :k].tolist(),
+                    lp[i].gather(0, top_ids[i, :k]).tolist(),
+                    top_logits[i, :k].tolist(),
+                )
+            )
 
     def _decode_step(self) -> None:
         rows = [r for r in self.active if not r.prefilling]
@@ -327,6 +388,8 @@ class Engine:
         if self.fault is not None:
             logits = self.fault.remap_rows(rows, logits)
         out = select(logits, k, [r.temperature for r in rows], [r.generator for r in rows])
+        if any(r.forced for r in rows):
+            self._force(rows, logits, out)
         events = []
         for i, r in enumerate(rows):
             if out.errors[i] is not None:  # this row's sampling failed; the others stand
@@ -335,13 +398,29 @@ class Engine:
             events.append((r, self._token_event(r, out, i)))
         self._deliver(events)
 
+    @staticmethod
+    def _force(rows: list[GenRequest], logits, out) -> None:
+        """Teacher forcing: a row with forced ids left takes the next one as its token (its logprob
+        and logit from the same float32 log-softmax select computes); the top-k stays the model's."""
+        import torch
+
+        lp = None
+        for i, r in enumerate(rows):
+            if r.generated < len(r.forced):
+                if lp is None:
+                    lp = torch.log_softmax(logits.float(), dim=-1)
+                tok = r.forced[r.generated]
+                out.chosen[i] = tok
+                out.chosen_logprob[i] = lp[i, tok]
+                out.chosen_logit[i] = logits[i, tok].float()
+
     def _token_event(self, r: GenRequest, out, i: int) -> TokenEvent:
         """Advance r by its chosen token; end it on EOS or length."""
         tok = int(out.chosen[i])
         r.next_id, r.generated = tok, r.generated + 1
         self.counters.generation_tokens += 1
         reason = None
-        if tok in self.executor.eos_ids and not r.ignore_eos:
+        if tok in self.executor.eos_ids and not r.ignore_eos and r.generated >= len(r.forced):
             reason = "stop"
         elif r.generated >= r.max_tokens or r.length >= self.executor.max_context:  # no room to feed it
             reason = "length"

@@ -149,18 +149,22 @@ class ModelExecutor:
             ids = [int(self.tokenizer.eos_token_id)]
         return ids
 
-    def _forward(self, ids, pos, mask, cache):
+    def _forward(self, ids, pos, mask, cache, keep: int = 1):
         kw = {self._cache_kw: cache}
         # CUDA one-token steps never take cuDNN's attention kernel: not reproducible (kernels.py).
         with step_kernels(self.device, ids.shape[1], self.allow_cudnn):
             out = self.model(
-                input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, logits_to_keep=1, **kw
+                input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, logits_to_keep=keep, **kw
             )
-        return out.logits[:, -1, :]  # [B, V], model dtype
+        return out.logits[:, -1, :] if keep == 1 else out.logits[0]  # [B, V] or [keep, V], model dtype
 
     @torch.inference_mode()
-    def prefill(self, slot: int, tokens: list[int], start: int, pos_shift: int = 0) -> torch.Tensor:
-        """Run tokens[start:] on top of the slot's KV [0, start). Returns last-position logits [1, V].
+    def prefill(
+        self, slot: int, tokens: list[int], start: int, pos_shift: int = 0, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Run tokens[start:] on top of the slot's KV [0, start). Returns last-position logits [1, V]
+        (all_logits: every new position's, [len(tokens) - start, V], for prompt logprobs; the
+        forward is the same, only the head runs on every row).
         pos_shift != 0 only under the injected fault hit-position-offset (RoPE positions off)."""
         from transformers import DynamicCache
 
@@ -175,7 +179,7 @@ class ModelExecutor:
                 cache.update(kv[0][None], kv[1][None], layer)
         ids = torch.tensor([tokens[start:]], device=self.device)
         pos = torch.arange(start + pos_shift, len(tokens) + pos_shift, device=self.device)[None]
-        logits = self._forward(ids, pos, None, cache)
+        logits = self._forward(ids, pos, None, cache, len(tokens) - start if all_logits else 1)
         n = len(tokens)
         for layer, cl in enumerate(cache.layers):
             self.kv[slot, layer, 0, :, start:n] = cl.keys[0, :, start:n]

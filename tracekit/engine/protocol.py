@@ -54,6 +54,8 @@ class CompletionParams:
     ignore_eos: bool
     raw_logits: bool
     model: str | None
+    prompt_logprobs: int | None = None  # vLLM's: each prompt position's logprob and top-k
+    forced: tuple[int, ...] = ()  # tracekit's teacher forcing: feed these ids back, one per step
 
 
 def _int(body: dict, name: str, default, lo: int | None = None, hi: int | None = None):
@@ -147,6 +149,19 @@ def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> Comp
     if not isinstance(so, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     model = body.get("model")
+    prompt_logprobs = _int(body, "prompt_logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    if prompt_logprobs is not None and _bool(body, "stream"):
+        raise BadRequest("'prompt_logprobs' is not available when 'stream' is true (as in vLLM)", "prompt_logprobs")
+    forced = _forced(body, vocab_size)
+    if forced:
+        if "max_tokens" not in body or body.get("max_tokens") is None:
+            max_tokens = len(forced)
+        elif max_tokens != len(forced):
+            raise BadRequest(
+                f"'max_tokens' ({max_tokens}) must equal the number of 'forced_tokens' ({len(forced)})", "max_tokens"
+            )
+        if len(ids) + max_tokens > max_context:
+            raise BadRequest(f"prompt plus 'forced_tokens' exceed the context ({max_context} tokens)", "forced_tokens")
     return CompletionParams(
         prompt_ids=tuple(ids),
         max_tokens=max_tokens,
@@ -161,7 +176,47 @@ def parse_completion(body, tokenizer, vocab_size: int, max_context: int) -> Comp
         ignore_eos=_bool(body, "ignore_eos"),
         raw_logits=_bool(body, "return_raw_logits"),
         model=model if isinstance(model, str) else None,
+        prompt_logprobs=prompt_logprobs,
+        forced=forced,
     )
+
+
+def _forced(body: dict, vocab_size: int) -> tuple[int, ...]:
+    """tracekit's teacher-forcing extension: `forced_tokens`, token ids the engine feeds back
+    instead of its own choices (the traced tokens of a replay); each step still reports the
+    model's logprob and logit of the forced id and its own top-k."""
+    v = body.get("forced_tokens")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not v or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise BadRequest("'forced_tokens' must be a non-empty list of token ids", "forced_tokens")
+    bad = [t for t in v if not 0 <= t < vocab_size]
+    if bad:
+        msg = f"token id {bad[0]} in 'forced_tokens' is outside the vocabulary [0, {vocab_size})"
+        raise BadRequest(msg, "forced_tokens")
+    return tuple(v)
+
+
+def prompt_logprobs_list(p: CompletionParams, rows, n_prompt: int, token_str) -> list:
+    """vLLM's `prompt_logprobs`: one entry per prompt position, None for position 0 and for every
+    position whose logits the engine did not compute (inside the reused prefix: tracekit serve
+    reads the prefix cache for these requests too, vLLM does not). An entry maps token id (a
+    string key in JSON) -> {logprob, rank, decoded_token}: the prompt token first, then the top-k
+    by rank; with return_raw_logits each also carries `logit` (tracekit's extension)."""
+    out: list = [None] * n_prompt
+    for row in rows:
+        entry = {str(row.token_id): _lp_entry(row.logprob, row.rank, token_str(row.token_id), row.logit, p)}
+        for rank, (t, lp, lg) in enumerate(zip(row.top_ids, row.top_logprobs, row.top_logits), start=1):
+            entry.setdefault(str(t), _lp_entry(lp, rank, token_str(t), lg, p))
+        out[row.pos] = entry
+    return out
+
+
+def _lp_entry(lp: float, rank: int, tok: str, logit: float, p: CompletionParams) -> dict:
+    e = {"logprob": max(lp, -9999.0), "rank": rank, "decoded_token": tok}
+    if p.raw_logits:
+        e["logit"] = logit
+    return e
 
 
 def new_id() -> str:

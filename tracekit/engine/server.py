@@ -1,4 +1,5 @@
-"""The HTTP front of the reference engine (aiohttp): /v1/completions, /health, /v1/models, /metrics,
+"""The HTTP front of the reference engine (aiohttp): /v1/completions, /v1/chat/completions, /health,
+/v1/models, /metrics,
 POST /reset_prefix_cache and, with an injected fault, /fault_log.
 
 The server listens before the model is loaded (/health answers 503 until it
@@ -31,7 +32,16 @@ from .. import __version__
 from ..errors import EngineError
 from .connections import exposure_warning, listen
 from .engine import ErrorEvent, GenRequest
-from .protocol import BadRequest, LogprobsBuilder, envelope, error_body, new_id, parse_completion, usage
+from .protocol import (
+    BadRequest,
+    LogprobsBuilder,
+    envelope,
+    error_body,
+    new_id,
+    parse_completion,
+    prompt_logprobs_list,
+    usage,
+)
 from .textstream import TextStream
 
 MAX_BODY_BYTES = 1 << 20
@@ -55,7 +65,7 @@ class ServeConfig:
     served_name: str | None = None
     threads: int = 0
     prefill_chunk: int = 0
-    batch_invariant: bool = False  # decode rows one by one, prefill split only at blocks
+    batch_invariant: bool = False  # decode rows one by one, one prefill forward per block
     eager_decode: bool = False  # no CUDA graphs for decode steps (stepgraph.py; bitwise either way)
     read_timeout_s: float = 30.0  # first request's headers, and each request body, must arrive within this
 
@@ -108,6 +118,7 @@ class App:
             threads=c.threads,
             prefill_chunk=c.prefill_chunk,
             fault=hooks,
+            invariant_block=c.block_size if c.batch_invariant else 0,
         )
         self.engine.start()
 
@@ -230,16 +241,17 @@ class App:
         except RecursionError:
             raise BadRequest("malformed JSON body: nested too deeply") from None
 
-    async def completions(self, request: web.Request):
-        try:
-            body = await self._read_json(request)
-            p = parse_completion(body, self.executor.tokenizer, self.executor.vocab_size, self.executor.max_context)
-        except BadRequest as e:
-            resp = web.json_response(e.body(), status=e.status)
-            if e.status == 408:  # a client too slow to send its body: do not wait for the rest
-                resp.force_close()
-            return resp
-        events = asyncio.Queue()
+    def _check_model(self, p) -> None:
+        """An unknown `model` is refused as OpenAI does (404, code model_not_found); none = the served one."""
+        if p.model is not None and p.model != self.name:
+            raise BadRequest(
+                f"The model `{p.model}` does not exist (this server serves `{self.name}`).",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
+
+    def _submit(self, p, events) -> GenRequest:
         req = GenRequest(
             prompt_ids=list(p.prompt_ids),
             max_tokens=p.max_tokens,
@@ -247,9 +259,119 @@ class App:
             temperature=p.temperature,
             seed=p.seed,
             ignore_eos=p.ignore_eos,
+            prompt_logprobs=p.prompt_logprobs,
+            forced=p.forced,
             emit=events.put_nowait,
         )
         self.engine.submit(req)
+        return req
+
+    async def chat_completions(self, request: web.Request):
+        from .chat import parse_chat
+
+        try:
+            body = await self._read_json(request)
+            p = parse_chat(body, self.executor.tokenizer, self.executor.vocab_size, self.executor.max_context)
+            self._check_model(p)
+        except BadRequest as e:
+            return web.json_response(e.body(), status=e.status)
+        events = asyncio.Queue()
+        req = self._submit(p, events)
+        try:
+            if p.stream:
+                return await self._chat_stream(request, p, req, events)
+            return await self._chat_collect(p, req, events)
+        finally:
+            self.engine.cancel(req)
+
+    async def _chat_collect(self, p, req, events):
+        from .chat import chat_logprob_entry, chat_response
+
+        text, ids, content, finish, stop_reason = TextStream(self.executor.tokenizer, p.stop), [], [], None, None
+        tok = self.executor.tokenizer
+        while finish is None:
+            ev = await events.get()
+            if isinstance(ev, ErrorEvent):
+                return json_error(500, ev.message, "server_error")
+            ids.append(ev.token_id)
+            text.push(ev.token_id)
+            if p.logprobs is not None:
+                content.append(chat_logprob_entry(ev, tok, p))
+            finish = ev.finish
+            if text.stop_hit:
+                finish, stop_reason = "stop", text.stop_hit
+                self.engine.cancel(req, "stop")
+        body = chat_response(
+            new_id().replace("cmpl-", "chatcmpl-"),
+            self.name,
+            text.text,
+            content if p.logprobs is not None else None,
+            finish,
+            stop_reason,
+            usage(len(p.prompt_ids), len(ids), req.cached_tokens_reported),
+        )
+        if p.return_token_ids:
+            body["choices"][0].update(token_ids=ids)
+            body["prompt_token_ids"] = list(p.prompt_ids)
+        return web.json_response(body)
+
+    async def _chat_stream(self, request, p, req, events):
+        from .chat import chat_chunk, chat_logprob_entry
+
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "Server": f"tracekit/{__version__}",
+            }
+        )
+        tok = self.executor.tokenizer
+        cid, text = new_id().replace("cmpl-", "chatcmpl-"), TextStream(tok, p.stop)
+
+        async def send(obj) -> None:
+            await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+
+        try:
+            await resp.prepare(request)
+            await send(chat_chunk(cid, self.name, {"role": "assistant", "content": ""}, None, None, p))
+            n, finish = 0, None
+            while finish is None:
+                ev = await events.get()
+                if isinstance(ev, ErrorEvent):
+                    await send(error_body(ev.message, "server_error"))
+                    break
+                n += 1
+                delta, _ = text.push(ev.token_id)
+                finish = "stop" if text.stop_hit else ev.finish
+                if text.stop_hit:
+                    self.engine.cancel(req, "stop")
+                if finish:
+                    delta += text.flush()
+                lp = [chat_logprob_entry(ev, tok, p)] if p.logprobs is not None else None
+                extra = {"token_ids": [ev.token_id]} if p.return_token_ids else {}
+                await send(chat_chunk(cid, self.name, {"content": delta}, lp, finish, p, **extra))
+            if p.include_usage and finish is not None:
+                out = chat_chunk(cid, self.name, None, None, None, p)
+                out["choices"], out["usage"] = [], usage(len(p.prompt_ids), n, req.cached_tokens_reported)
+                await send(out)
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass
+        return resp
+
+    async def completions(self, request: web.Request):
+        try:
+            body = await self._read_json(request)
+            p = parse_completion(body, self.executor.tokenizer, self.executor.vocab_size, self.executor.max_context)
+            self._check_model(p)
+        except BadRequest as e:
+            resp = web.json_response(e.body(), status=e.status)
+            if e.status == 408:  # a client too slow to send its body: do not wait for the rest
+                resp.force_close()
+            return resp
+        events = asyncio.Queue()
+        req = self._submit(p, events)
         try:
             if p.stream:
                 return await self._stream(request, p, req, events)
@@ -288,6 +410,8 @@ class App:
         }
         if p.return_token_ids:
             choice.update(token_ids=ids, prompt_token_ids=list(p.prompt_ids))
+        if p.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_list(p, req.prompt_rows, len(p.prompt_ids), self._token_str(p))
         return web.json_response(
             envelope(new_id(), self.name, [choice], usage(len(p.prompt_ids), len(ids), req.cached_tokens_reported))
         )
@@ -363,6 +487,7 @@ def build_app(app: App) -> web.Application:
     web_app.router.add_get("/metrics", app.metrics)
     web_app.router.add_get("/fault_log", app.fault_log)
     web_app.router.add_post("/v1/completions", app.completions)
+    web_app.router.add_post("/v1/chat/completions", app.chat_completions)
     web_app.router.add_post("/reset_prefix_cache", app.reset_prefix_cache)
     return web_app
 
