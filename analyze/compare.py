@@ -16,7 +16,7 @@ import numpy as np
 
 from tracekit.calibration import Calibration
 from tracekit.dtypes import DTYPES
-from tracekit.errors import ConfigError
+from tracekit.errors import ConfigError, UsageError
 from tracekit.store import TraceReader, read_token_rows
 from tracekit.verdicts import BENIGN
 
@@ -185,7 +185,7 @@ def diff(
     with contextlib.ExitStack() as stack:
         ra, rb = _open(stack, a), _open(stack, b)
         if os.path.abspath(ra.path) == os.path.abspath(rb.path) and not (a_select or b_select):
-            raise ConfigError(
+            raise UsageError(
                 f"A and B are the same file ({ra.path}); pass two traces "
                 "(or --a-select/--b-select to compare rows of one teacher-forced file)"
             )

@@ -119,13 +119,21 @@ def table(r: DiffResult, only: Sequence[str] | None = None, decode: Decoder | No
     return tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
 
 
+def _mean_rule(mean: float, drift: float) -> str:
+    """The mean-drift bound as analyze/rules.py applies it per row: it tightens from the max-drift
+    bound at 1 position towards the mean tolerance, m + (x - m) / n (on logits the same in grid
+    steps: both divided by the step)."""
+    return f"{mean:g} + ({drift:g} - {mean:g}) / n"
+
+
 def _thresholds(r: DiffResult) -> list[str]:
     th = r.thresholds_json()
     out = []
     for d, t in th["by_dtype"].items():
         out.append(
             f"thresholds ({d}): tie {t['tie_ulps']:g} ulp / {t['tie_nats']:g} nats; drift {t['drift_ulps']:g} ulp / "
-            f"{t['drift_nats']:g} nats, mean {t['drift_mean_nats']:g} nats; grid floor |x| {th['grid_floor']:g}"
+            f"{t['drift_nats']:g} nats, mean <= {_mean_rule(t['drift_mean_nats'], t['drift_nats'])} nats "
+            f"over n positions (each row prints its own); grid floor |x| {th['grid_floor']:g}"
         )
     return out
 

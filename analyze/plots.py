@@ -3,7 +3,8 @@
 - classes.png: divergence classes across the matrix, a cell x class heatmap of pair counts;
 - gaps.png: at each divergence, the gap between the two competing tokens in the
   reference trace (ULPs of the raw logits, symlog; nats on a panel of its own for pairs
-  without raw logits) against the position where it happened;
+  without raw logits) against the position where it happened, one panel per grid (BF16 and
+  FP32 ULPs never share an axis), each with its own tie line;
 - drift.png: chosen-token logprobs of one pair (baseline vs burst) along the
   sequence, their |difference|, and the divergence position.
 
@@ -77,68 +78,92 @@ def _gap(p: PairEvidence, unit: str) -> float | None:
     return p.gap_a if p.gap_a_ulp is None else None
 
 
-def _gap_panel(ax, rng, diffs, unit: str) -> int:
+def _grid(c, d: DiffSummary) -> str:
+    """The grid a diff counted its ULPs on (its thresholds' dtype; the cell's dtype for diffs
+    that do not say)."""
+    g = d.thresholds.get("dtype")
+    return g if isinstance(g, str) and g in DTYPE_NAMES else c.cell.dtype
+
+
+def _points(group, cls: str, unit: str) -> list[tuple[float, float]]:
+    return [
+        (p.position, abs(g))
+        for _, d in group
+        for p in d.pairs
+        if p.cls == cls and p.position is not None and (g := _gap(p, unit)) is not None
+    ]
+
+
+def gap_panels(diffs) -> dict[str, dict]:
+    """What gaps.png draws: one panel per grid and unit, named "bf16" / "fp32" (ULPs of that grid
+    from raw logits) and "bf16 nats" ... (pairs without raw logits), each with its points and that
+    grid's own tie tolerances. A BF16 step and an FP32 step differ 2^16-fold, so their ULPs never
+    share an axis and the FP32 tie line (64 ulp) never sits under BF16 points judged at 4 ulp.
+    Panels without points are left out; {} when no pair has a gap."""
+    out = {}
+    for unit in ("ulp", "nats"):
+        key = "tie_ulps" if unit == "ulp" else "tie_nats"
+        for grid in DTYPE_NAMES:
+            group = [(c, d) for c, d in diffs if _grid(c, d) == grid]
+            n = sum(len(_points(group, cls, unit)) for cls in ORDER)
+            if n:
+                ties = sorted({float(d.thresholds[key]) for _, d in group if key in d.thresholds})
+                out[grid if unit == "ulp" else f"{grid} nats"] = {"grid": grid, "unit": unit, "points": n, key: ties}
+    return out
+
+
+def _gap_panel(ax, rng, group, grid: str, unit: str, ties: list[float]) -> int:
     n, top = 0, 1.0 if unit == "ulp" else 1e-3
     for cls in ORDER:
-        for marker, dtype in zip(MARKERS, DTYPE_NAMES):
-            pts = [
-                (p.position, abs(g))
-                for c, d in diffs
-                if c.cell.dtype == dtype
-                for p in d.pairs
-                if p.cls == cls and p.position is not None and (g := _gap(p, unit)) is not None
-            ]
-            if pts:
-                x, y = np.array(pts, dtype=float).T
-                ax.scatter(
-                    x + rng.uniform(-0.2, 0.2, len(x)),
-                    y,
-                    s=30,
-                    marker=marker,
-                    color=COLORS[cls],
-                    alpha=0.75,
-                    label=f"{cls} ({dtype.upper()} engine, {len(pts)})",
-                    edgecolors="black",
-                    linewidths=0.3,
-                )
-                n += len(pts)
-                top = max(top, float(y.max()))
-    key = "tie_ulps" if unit == "ulp" else "tie_nats"
-    tie = next((d.thresholds[key] for _, d in diffs if key in d.thresholds), None)
-    if tie is not None:  # the diffs' own tolerance; not drawn when they do not state one
+        pts = _points(group, cls, unit)
+        if pts:
+            x, y = np.array(pts, dtype=float).T
+            ax.scatter(
+                x + rng.uniform(-0.2, 0.2, len(x)),
+                y,
+                s=30,
+                marker=MARKERS[DTYPE_NAMES.index(grid)],
+                color=COLORS[cls],
+                alpha=0.75,
+                label=f"{cls} ({len(pts)})",
+                edgecolors="black",
+                linewidths=0.3,
+            )
+            n += len(pts)
+            top = max(top, float(y.max()))
+    for tie in ties:  # this grid's own tolerances (a calibration may widen some cells'), each once
         ax.axhline(tie, color="#1e88e5", ls="--", lw=1)
-        ax.text(
-            ax.get_xlim()[1], tie, f" tie tolerance {tie:g} {unit}", va="bottom", ha="right", fontsize=8,
-            color="#1e88e5",
-        )  # fmt: skip
+        ax.text(ax.get_xlim()[1], tie, f" tie tolerance {tie:g} {unit}", va="bottom", ha="right", fontsize=8,
+                color="#1e88e5")  # fmt: skip
     if unit == "ulp":
         ax.set_yscale("symlog", linthresh=1)
-        ax.set_ylim(-0.3, max(top, tie or 0) * 3)
-        ax.set_ylabel("top-2 gap in the reference trace\n(ULPs of the raw logits; 0 = exact tie)")
+        ax.set_ylim(-0.3, max([top, *ties]) * 3)
+        ax.set_ylabel(f"top-2 gap in the reference trace\n(ULPs of the {grid.upper()} grid; 0 = exact tie)")
     else:
         ax.set_yscale("symlog", linthresh=1e-4)
-        ax.set_ylim(0, max(top, tie or 0) * 3)
-        ax.set_ylabel("top-2 gap in the reference trace\n(nats: logprobs only, no raw logits)")
+        ax.set_ylim(0, max([top, *ties]) * 3)
+        ax.set_ylabel(f"top-2 gap in the reference trace\n(nats, {grid.upper()}: logprobs only, no raw logits)")
     ax.set_xlabel("generated position of the first differing token")
-    if n:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="class (engine dtype, pairs)",
-                  title_fontsize=8)  # fmt: skip
+    ax.set_title(f"{grid.upper()} grid, {'ULPs' if unit == 'ulp' else 'nats'}: {n} divergences", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="class (pairs)", title_fontsize=8)
     ax.grid(alpha=0.3)
     return n
 
 
 def gap_scatter(diffs: list[tuple[LoadedCell, DiffSummary]], out: Path) -> int:
-    """One point per divergent pair: the reference trace's gap between the two tokens, in ULPs
-    of the raw logits (symlog: 0 = an exact tie), and in nats on a panel of its own for pairs
-    without raw logits (logprob-only engines); returns how many were drawn."""
+    """One point per divergent pair: the reference trace's gap between the two tokens, one panel
+    per grid (gap_panels): ULPs of that grid's raw logits (symlog: 0 = an exact tie) with that
+    grid's tie line, and nats on panels of their own for pairs without raw logits (logprob-only
+    engines); returns how many were drawn."""
     plt = _plt()
-    has = {u: any(_gap(p, u) is not None and p.position is not None for _, d in diffs for p in d.pairs)
-           for u in ("ulp", "nats")}  # fmt: skip
-    units = [u for u in ("ulp", "nats") if has[u]] or ["ulp"]
-    fig, axes = plt.subplots(len(units), 1, figsize=(10, 4.5 * len(units)), squeeze=False)
+    panels = gap_panels(diffs)
+    fig, axes = plt.subplots(max(1, len(panels)), 1, figsize=(10, 4.5 * max(1, len(panels))), squeeze=False)
     rng = np.random.default_rng(0)  # x jitter only, so equal (position, gap) points stay visible
-    n = sum(_gap_panel(ax, rng, diffs, u) for ax, u in zip(axes[:, 0], units))
-    axes[0, 0].set_title("Gap between the two competing tokens at each divergence", fontsize=10)
+    n = 0
+    for ax, p in zip(axes[:, 0], panels.values()):
+        group = [(c, d) for c, d in diffs if _grid(c, d) == p["grid"]]
+        n += _gap_panel(ax, rng, group, p["grid"], p["unit"], p["tie_ulps" if p["unit"] == "ulp" else "tie_nats"])
+    fig.suptitle("Gap between the two competing tokens at each divergence (one panel per grid)", fontsize=10)
     if not n:
         axes[0, 0].text(0.5, 0.5, "no divergence in this run", transform=axes[0, 0].transAxes, ha="center")
     fig.tight_layout()

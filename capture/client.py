@@ -23,6 +23,7 @@ import aiohttp
 
 from tracekit.errors import ResponseShapeError, StreamProtocolError
 from tracekit.schema import RequestRecord, TokenColumns, prompt_hash
+from tracekit.text import clip
 
 from .dialects import Acc, Dialect, EngineErrorEvent, RequestSpec
 from .sse import SSEDecoder
@@ -86,7 +87,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, dialect: Dialect, acc: Acc,
         for data in feed(chunk):
             if type(data) is not bytes:  # an event with an `event:` type
                 if data.event == "error":
-                    raise EngineErrorEvent(f"error event: {data.data[:ERROR_EXCERPT]}")
+                    raise EngineErrorEvent(clip(f"error event: {data.data}", ERROR_EXCERPT))
                 data = data.data.encode()
             if data == b"[DONE]":
                 acc.done = True
@@ -160,8 +161,8 @@ async def send(
             first = first or str(e)
             status, http_status, error = "error", -1, str(e)
     if attempt > 1:
-        note = f"{attempt} attempts, the connection failed before any response byte; first: {first[:200]}"
-        error = f"{error[: ERROR_EXCERPT - len(note) - 3]} ({note})" if error else note
+        note = f"{attempt} attempts, the connection failed before any response byte; first: {clip(first, 200)}"
+        error = f"{clip(error, ERROR_EXCERPT - len(note) - 3)} ({note})" if error else note
     t_done = clock()
     pids = _prompt_ids(spec, acc, prompt_ids)
     return Outcome(_record(spec, body, acc, pids, status, http_status, error, t_sent, t_done), None, pids), acc
@@ -196,7 +197,7 @@ async def _exchange(session, url, data, dialect, spec, acc, clock) -> tuple[str,
         async with resp:
             if resp.status != 200:
                 text = await resp.text(errors="replace")
-                return "error", resp.status, f"HTTP {resp.status}: {text[:ERROR_EXCERPT]}"
+                return "error", resp.status, clip(f"HTTP {resp.status}: {text}", ERROR_EXCERPT)
             if spec.stream and resp.content_type != "application/json":
                 await _read_stream(resp, dialect, acc, clock)
             else:  # asked not to stream, or the server answered a stream request with one JSON body
@@ -234,7 +235,7 @@ def _record(spec: RequestSpec, body: dict, acc: Acc, pids, status, http_status, 
         prompt_hash=prompt_hash(spec.prompt),
         status=status,
         http_status=http_status,
-        error=error[:ERROR_EXCERPT],
+        error=clip(error, ERROR_EXCERPT),
         finish_reason=acc.finish_reason,
         cached_tokens=acc.cached_tokens,
         # The store slices stored prompt ids by prompt_len: it must be their count, or -1.

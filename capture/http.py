@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from tracekit.errors import ConfigError
+from tracekit.errors import ConfigError, UsageError
 from tracekit.percentiles import percentiles
 from tracekit.schema import Layout, RequestRecord, RunMeta, prompt_hash
 from tracekit.store import TraceWriter
@@ -85,12 +85,19 @@ class CaptureSummary:
     def failed(self) -> int:
         return sum(v for k, v in self.counts.items() if k != "ok")
 
+    @property
+    def trace_counts(self) -> dict:
+        """Every row the trace now holds, by status: this run's, plus the ok rows --resume kept
+        (a resume keeps only ok rows and sends every other again). `counts` is this run's only."""
+        return {**self.counts, "ok": self.counts.get("ok", 0) + self.kept}
+
     def as_dict(self) -> dict:
         return {
             "out": self.out,
             "planned": self.planned,
             "kept_from_resume": self.kept,
-            "counts": self.counts,
+            "counts": self.counts,  # the requests sent by this run
+            "trace_counts": self.trace_counts,  # every row of the trace (kept ones included)
             "tokens": self.tokens,
             "wall_s": round(self.wall_s, 3),
             "dialect": self.dialect,
@@ -213,9 +220,19 @@ def _api_key(var: str | None) -> str | None:
 
 def run_capture(cfg: CaptureConfig) -> CaptureSummary:
     """Run a whole capture (blocking). Raises TracekitError for setup problems only."""
-    bad_max = cfg.max_tokens is not None and cfg.max_tokens < 1
-    if cfg.concurrency < 1 or cfg.repeat < 1 or cfg.timeout_s <= 0 or cfg.top_logprobs < 0 or bad_max:
-        raise ConfigError("--concurrency, --repeat, --max-tokens must be >= 1, --timeout-s > 0, --top-logprobs >= 0")
+    bad = [
+        f"--{name} {value}: must be {rule}"
+        for name, value, ok, rule in (
+            ("concurrency", cfg.concurrency, cfg.concurrency >= 1, ">= 1"),
+            ("repeat", cfg.repeat, cfg.repeat >= 1, ">= 1"),
+            ("max-tokens", cfg.max_tokens, cfg.max_tokens is None or cfg.max_tokens >= 1, ">= 1"),
+            ("timeout-s", cfg.timeout_s, cfg.timeout_s > 0, "> 0"),
+            ("top-logprobs", cfg.top_logprobs, cfg.top_logprobs >= 0, ">= 0"),
+        )
+        if not ok
+    ]
+    if bad:  # name only the options that are wrong
+        raise UsageError("; ".join(bad))
     if cfg.dialect != "auto":
         dialects.get(cfg.dialect)
     return asyncio.run(_run(cfg))

@@ -22,6 +22,7 @@ import numpy as np
 from tracekit.errors import TraceFormatError
 from tracekit.schema import Layout, TokenColumns
 from tracekit.store import check_request
+from tracekit.text import clip
 
 from .client import ERROR_EXCERPT, Outcome
 from .dialects import RequestSpec
@@ -122,7 +123,7 @@ def _fallbacks(outcome: Outcome, why: str) -> Iterator[Outcome]:
     finish reason and cached count; then without tokens and prompt ids."""
     rec = outcome.record
     note = f"the trace cannot hold the engine's answer as it came: {why}"
-    error = _text(f"{rec.error}; {note}" if rec.error else note)[:ERROR_EXCERPT]
+    error = clip(_text(f"{rec.error}; {note}" if rec.error else note), ERROR_EXCERPT)
     rec = dataclasses.replace(
         rec, status="error", error=error, params=_text(rec.params), prompt_text=_text(rec.prompt_text)
     )

@@ -28,7 +28,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from tracekit.errors import CaptureError, ConfigError
+from tracekit.errors import CaptureError, UsageError
+from tracekit.text import clip
 
 from .client import set_keep_alive
 
@@ -114,11 +115,11 @@ def check_base_url(base: str) -> None:
     """`--http` is the server's root: tracekit adds every route (`/v1/models`, `/completion`, ...)."""
     parts = urlsplit(base)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"--http {base}: give the server's root URL, e.g. http://127.0.0.1:8000")
+        raise UsageError(f"--http {base}: give the server's root URL, e.g. http://127.0.0.1:8000")
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         root = base[: base.rstrip("/").rfind("/v1")]
-        raise ConfigError(f"--http {base}: drop the trailing /v1 (tracekit adds the routes itself): --http {root}")
+        raise UsageError(f"--http {base}: drop the trailing /v1 (tracekit adds the routes itself): --http {root}")
 
 
 async def wait_ready(session: aiohttp.ClientSession, base: str, wait_s: float) -> tuple[int, dict | None, dict]:
@@ -148,7 +149,7 @@ async def wait_ready(session: aiohttp.ClientSession, base: str, wait_s: float) -
 def _error_text(body: dict | None) -> str:
     err = body.get("error") if isinstance(body, dict) else None
     msg = err.get("message") if isinstance(err, dict) else err
-    return f": {str(msg)[:120]}" if msg else ""
+    return f": {clip(str(msg), 120)}" if msg else ""
 
 
 async def probe(session: aiohttp.ClientSession, base: str, dialect: str, wait_ready_s: float = 0.0) -> ProbeResult:

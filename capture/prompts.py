@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracekit.errors import ConfigError
+from tracekit.errors import ConfigError, UsageError
 
 DEFAULT_MAX_TOKENS = 32  # tokens a request generates when neither the command line nor the prompt says
 OVERRIDES = {  # sampling fields a prompt may set for itself
@@ -88,7 +88,7 @@ def _lines(path: Path):
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such prompt file") from None
+        raise UsageError(f"{path}: no such prompt file") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the prompt set ({e.strerror})") from None
     for n, raw in enumerate(data.splitlines(), 1):

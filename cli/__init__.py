@@ -20,7 +20,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..errors import TracekitError
+from ..errors import TracekitError, UsageError
 
 # command name -> module under tracekit.cli that defines a click command `cmd`.
 # Lazy, so `tracekit diff` never imports torch or aiohttp.
@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:  # e.g. click.FileError: a tool error, whose click default (1) means "divergence"
         click.echo(f"Error: {_one_line(e.format_message())}", err=True)
         sys.exit(3)
+    except UsageError as e:  # raised by the library on a bad option value: a usage error, exit 2
+        if _debugging():
+            traceback.print_exc()
+        click.echo(f"Error: {_one_line(str(e))}", err=True)
+        sys.exit(2)
     except TracekitError as e:
         if _debugging():
             traceback.print_exc()

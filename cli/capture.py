@@ -254,7 +254,8 @@ def _with_options(f):
         kw = dict(o.kw)
         if o.mode != BOTH:
             h = kw.get("help", "")
-            kw["help"] = f"{MODE_LABEL[o.mode]}: {h[:1].lower()}{h[1:]}"
+            first = h[:1] if h[1:2].isupper() else h[:1].lower()  # "SSE", "HTTP" stay as they are
+            kw["help"] = f"{MODE_LABEL[o.mode]}: {first}{h[1:]}"
         f = click.option(*o.decls, **kw)(f)
     return f
 
@@ -315,6 +316,7 @@ def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
 
 def _run_http(url: str, as_json: bool, opts: dict) -> int:
     from tracekit.capture.http import CaptureConfig, run_capture
+    from tracekit.text import clip
 
     for need in ("prompts", "out"):
         if not opts.get(need):
@@ -327,11 +329,11 @@ def _run_http(url: str, as_json: bool, opts: dict) -> int:
     if as_json:
         click.echo(json.dumps(s.as_dict(), sort_keys=True))
     else:
-        c = s.counts
+        c = s.trace_counts  # every row of the trace: a resume's kept rows count too
+        sent = f"{s.kept} kept from --resume, {s.planned - s.kept} sent now; " if s.kept else ""
         click.echo(
-            f"{s.out}: {c['ok']}/{s.planned - s.kept} ok, {c['error']} error, {c['timeout']} timeout, "
-            f"{c['cancelled']} cancelled ({s.kept} kept from --resume); {s.tokens} tokens in "
-            f"{s.wall_s:.1f}s; dialect {s.dialect}"
+            f"{s.out}: {c['ok']}/{s.planned} ok, {c['error']} error, {c['timeout']} timeout, "
+            f"{c['cancelled']} cancelled ({sent}{s.tokens} tokens sent in {s.wall_s:.1f}s); dialect {s.dialect}"
         )
         lat = s.latency
         if lat:
@@ -341,7 +343,7 @@ def _run_http(url: str, as_json: bool, opts: dict) -> int:
                 )
             )
     for key, status, error in s.failures[:5]:  # the why, on stderr (stdout stays data)
-        click.echo(f"failed: {key} ({status}): {error[:200]}", err=True)
+        click.echo(f"failed: {key} ({status}): {clip(error, 200)}", err=True)
     if s.failed > 5:
         click.echo(f"... and {s.failed - 5} more failed requests (see the trace's error column)", err=True)
     return 1 if s.failed else 0

@@ -100,6 +100,12 @@ def cmd(
     cache_boundary, unexplained or incomparable. Exit 0 when no pair is
     unexplained or incomparable, 1 otherwise, 3 when a comparison could not be
     made (the others are still printed)."""
+    if len(files) == 1 and teacher and not (a_select and b_select):
+        raise click.UsageError(
+            "--teacher-forced cross-checks a pair (A.h5 B.h5 --teacher-forced diag.h5); to compare one trace with "
+            f"the replay itself, give the replay as B and pick its rows: tracekit diff {files[0]} {teacher} "
+            "--b-select history=full,dtype=fp32"
+        )
     if len(files) < 2 and not (a_select and b_select):
         raise click.UsageError("give at least two traces: A (the reference) and B")
     if as_json and markdown:

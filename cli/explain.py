@@ -19,6 +19,13 @@ Examples:
 """
 
 
+def written(root: Path) -> str:
+    """The files explain left in `root`, as they are there (teacher.h5 only with --teacher-forced)."""
+    names = sorted(p.name for p in Path(root).glob("variants-*.h5"))
+    names += [n for n in ("teacher.h5", "explain.json") if (Path(root) / n).is_file()]
+    return ", ".join(names) or "nothing written"
+
+
 @click.command(epilog=EPILOG)
 @click.argument("a", type=click.Path(exists=True))
 @click.argument("b", required=False, type=click.Path(dir_okay=False))
@@ -109,7 +116,7 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
             head = f"## cell {cid}\n\n" if cid else ""
             click.echo(head + (md(r) if markdown else text(r)))
             if r.pairs:
-                click.echo(f"\ntraces: {root}/ (variants-*.h5, teacher.h5, explain.json)\n")
+                click.echo(f"\ntraces: {root}/ ({written(root)})\n")
         if not jobs:
             click.echo("no cell with divergent pairs: nothing to explain")
     return 0 if all(r.ok for _, _, r in results) else 1

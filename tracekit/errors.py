@@ -1,7 +1,8 @@
 """User-facing errors. Messages say what failed, where, and what to do next.
 
 The CLI prints `Error: <message>` on stderr and exits 3 for any TracekitError;
-usage errors (click) exit 2; any other exception is an internal error (exit 3,
+usage errors (click's, and UsageError raised by the library for a bad option value) exit 2;
+any other exception is an internal error (exit 3,
 one line; the traceback with `tracekit --debug` or TRACEKIT_DEBUG=1); exit 1 is
 reserved for "divergence found / checks failed", which is a result, not an error.
 """
@@ -13,6 +14,11 @@ class TracekitError(Exception):
 
 class ConfigError(TracekitError):
     """A bad option, matrix file, prompt set or model directory."""
+
+
+class UsageError(ConfigError):
+    """The command line itself is wrong (a bad option value, a missing input file, the same file
+    twice, directories that cannot be merged): one line, exit 2 like click's own usage errors."""
 
 
 class TraceFormatError(TracekitError):

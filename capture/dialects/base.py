@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tracekit.errors import ResponseShapeError
+from tracekit.text import clip
 
 from .acc import Acc
 
@@ -75,7 +76,7 @@ def check_error(obj: Any) -> None:
     if type(obj) is dict and "error" in obj and obj["error"]:
         err = obj["error"]
         msg = err.get("message", err) if isinstance(err, dict) else err
-        raise EngineErrorEvent(str(msg)[:500])
+        raise EngineErrorEvent(clip(str(msg), 500))
     if type(obj) is not dict:
         raise ResponseShapeError(f"expected a JSON object, got {type(obj).__name__}")
 

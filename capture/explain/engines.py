@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tracekit.errors import EngineError
 from tracekit.rundir import Cell, EngineRecord
+from tracekit.text import clip
 
 from ..matrix.engines import RunningEngine, start
 from ..matrix.spec import Matrix, Target
@@ -66,7 +67,7 @@ def start_configs(m: Matrix, cell: Cell, log_dir: Path, ready_timeout_s: float |
             if name == "engine":
                 got.stop()
                 raise
-            got.notes.append(f"{name} configuration ({t.name}): did not start: {str(e)[:200]}")
+            got.notes.append(f"{name} configuration ({t.name}): did not start: {clip(str(e), 200)}")
             continue
         got.running.append((t, eng))
         got.urls[name] = eng.url

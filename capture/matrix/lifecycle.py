@@ -35,6 +35,7 @@ import numpy as np
 from tracekit.errors import TracekitError
 from tracekit.rundir import Check
 from tracekit.schema import RequestTable
+from tracekit.text import clip
 
 from .. import dialects
 from ..client import Clock, make_session, send
@@ -176,7 +177,7 @@ def _outcome_view(o, acc) -> dict:
         "key": o.record.key,
         "status": o.record.status,
         "http_status": o.record.http_status,
-        "error": o.record.error[:200],
+        "error": clip(o.record.error, 200),
         "cached_tokens": o.record.cached_tokens,
         "token_ids": acc.token_ids(),  # ints; -1 where the engine sent a string no id is known for
         "n_tokens": len(acc.lps),

@@ -88,3 +88,33 @@ def test_without_resume_a_left_resume_prev_is_refused(capture_to, first_run):
     out.rename(out.with_name(out.name + ".resume-prev"))
     with ReplayServer(routes_for("vllm")) as srv, pytest.raises(ConfigError, match="a killed --resume left"):
         capture_to(srv.url, PROMPTS, name=out.name)
+
+
+def test_the_resume_summary_counts_every_row_of_the_trace(first_run, tmp_path):
+    """`capture --resume` prints (and --json says) what the trace holds, kept rows included:
+    4/4 ok after a resume that kept 2 and sent 2, not "2/2 ok" (issue 24 item 17)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out, _ = first_run
+    pfile = tmp_path / "r.h5.jsonl"  # the prompt set of the first run (a resume checks its sha256)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+
+    def resume(url, *extra):
+        argv = [sys.executable, "-m", "tracekit", "capture", "--http", url, "--prompts", str(pfile), "--out", str(out)]
+        argv += ["--max-tokens", "12", "--top-logprobs", "5", "--resume", *extra]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+    with ReplayServer(routes_for("vllm")) as srv:
+        srv.armed = False
+        p = resume(srv.url)
+        q = resume(srv.url, "--json")  # nothing left to send: every row kept
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"{out}: 4/4 ok, 0 error, 0 timeout, 0 cancelled (2 kept from --resume, 2 sent now; ")
+    with TraceReader(out) as r:
+        assert len(r) == 4 and all(s == "ok" for s in r.requests.status)
+    doc = json.loads(q.stdout)
+    assert doc["kept_from_resume"] == 4 and doc["counts"]["ok"] == 0 and doc["trace_counts"]["ok"] == 4

@@ -173,3 +173,42 @@ def test_assert_equivalent(files):
         assert_equivalent(a, ok, allow={"post_eos"})
     with pytest.raises(ValueError, match="unknown classes"):
         assert_equivalent(a, ok, allow={"tie"})
+
+
+def test_the_header_prints_the_mean_drift_rule_each_row_applies(files):
+    """The header's mean-drift tolerance is the rule, m + (x - m) / n, not the bare m that no
+    row applies (issue 24 item 17); evaluated at each row's n it gives that row's printed bound."""
+    import re
+
+    a, _, ok = files
+    p = tk("diff", a, ok)
+    head = next(x for x in p.stdout.splitlines() if x.startswith("thresholds ("))
+    m = re.search(r"drift \S+ ulp / (\S+) nats, mean <= (\S+) \+ \((\S+) - (\S+)\) / n nats over n positions", head)
+    assert m, head
+    x, mean = float(m.group(1)), float(m.group(2))
+    assert float(m.group(3)) == x and float(m.group(4)) == mean
+    rows = re.findall(r"over (\d+) positions <= ([\d.e+-]+) / ([\d.e+-]+)", p.stdout)
+    assert rows
+    for n, row_x, row_mean in rows:
+        assert float(row_x) == x
+        assert float(row_mean) == pytest.approx(mean + (x - mean) / int(n), rel=1e-3)
+
+
+def test_one_trace_and_a_replay_shows_the_b_select_form():
+    """`diff serial.h5 --teacher-forced diag.h5` (one trace and a replay) is a usage error that
+    gives the command that compares them, and that command runs (issue 24 item 17); the README's
+    tour shows the same form."""
+    from pathlib import Path
+
+    demo = Path(ROOT) / "traces/demo"
+    cell = next(p for p in sorted((demo / "cells").iterdir()) if (p / "teacher.h5").is_file())
+    serial = demo / json.loads((cell / "cell.json").read_text())["baseline"]
+    p = tk("diff", str(serial), "--teacher-forced", str(cell / "teacher.h5"))
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    form = f"tracekit diff {serial} {cell / 'teacher.h5'} --b-select history=full,dtype=fp32"
+    assert form in p.stderr
+    q = tk(*form.split()[1:], "--json")
+    assert q.returncode in (0, 1), q.stderr
+    assert json.loads(q.stdout)["summary"]["pairs"] >= 1
+    tour = (Path(ROOT) / "README.md").read_text()
+    assert "tracekit diff serial.h5 diag.h5 --b-select history=full,dtype=fp32" in tour

@@ -9,7 +9,8 @@ mid-event, chunked body unfinished), cleancut (body ends cleanly in the middle
 of an event), nodone (no end marker), badjson, badshape (valid JSON of an unknown
 shape), errorevent, stall (half the body, then nothing until the server stops, or
 for `stall_s` seconds), reset (TCP RST), badfinish (a finish reason over 16 bytes, not
-ASCII), surrogate (an error event whose message holds a lone surrogate), 400 (a
+ASCII), surrogate (an error event whose message holds a lone surrogate), longerror (an error event
+with 809 characters of words), 400 (a
 refused request), drop (the connection closed before any response byte, the first
 time this prompt text arrives: its retry is served), dropall (the same, every
 time), closeafter (this connection closed right after its response, keep-alive
@@ -277,6 +278,15 @@ class ReplayServer:
             return t.body.replace(b'"finish_reason":"length"', b'"finish_reason":"length_\\u00e9t\\u00e9_reached_here"')
         if fault == "surrogate":
             return b"".join(ev[:2]) + b'data: {"error": {"message": "bad \\ud800 byte"}}\n\n' + b"data: [DONE]\n\n"
+        if fault == "longerror":  # an engine's long error text (a stack of words, 700+ characters)
+            msg = " ".join(f"word{i:03d}" for i in range(90)).encode()
+            return (
+                b"".join(ev[:2])
+                + b'data: {"error": {"message": "'
+                + msg
+                + b'", "code": 500}}\n\n'
+                + b"data: [DONE]\n\n"
+            )
         if fault == "errorevent":
             return (
                 b"".join(ev[:2])

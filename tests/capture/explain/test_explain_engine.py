@@ -200,3 +200,16 @@ def test_run_directory_form(fault_pair, tmp_path):
     assert doc["schema"] == "tracekit.explain-run/1" and [c["cell"] for c in doc["cells"]] == [cell.id]
     assert doc["cells"][0]["pairs"] and all(p["kind"] == "bug" for p in doc["cells"][0]["pairs"])
     assert (tmp_path / "run" / "cells" / cell.id / "explain" / "variants-engine.h5").is_file()
+
+
+def test_the_traces_line_lists_only_what_was_written(fault_pair, tmp_path):
+    """Without --teacher-forced there is no teacher.h5, and the closing line must not name one
+    (issue 24 item 17)."""
+    a, b, bad = fault_pair
+    out = _explain(a, b, "--url", bad.url, "--repeats", "1", "--out", tmp_path / "ex")
+    assert out.returncode == 1, out.stderr + out.stdout
+    line = next(x for x in out.stdout.splitlines() if x.startswith("traces: "))
+    assert not (tmp_path / "ex" / "teacher.h5").exists() and "teacher.h5" not in line
+    listed = line.split("(", 1)[1].rstrip(")").split(", ")
+    assert "explain.json" in listed and "variants-engine.h5" in listed
+    assert all((tmp_path / "ex" / name).is_file() for name in listed)

@@ -63,7 +63,7 @@ def test_cli_errors(random_model_dir, tmp_path):
         "--out",
         tmp_path / "o.h5",
     )
-    assert r.returncode == 3 and r.stderr.startswith("Error: ") and "no such prompt file" in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("Error: ") and "no such prompt file" in r.stderr  # usage: exit 2
     assert "Traceback" not in r.stderr
     r = _tracekit(
         "capture",
