@@ -119,6 +119,24 @@ def _where(b: int) -> str:
     return "0 (cold)" if b == 0 else str(b)
 
 
+def ran_at(c: VariantCount | None, b: int) -> bool:
+    """No run of c reported reusing other than b tokens: the condition asked was achieved, or the
+    engine does not report it (-1: nothing refutes it)."""
+    return c is not None and set(c.boundaries) <= {b, -1}
+
+
+def _ran(c: VariantCount) -> str:
+    """The reused prefixes c's runs reported: "34 (3x), 123 (2x)"."""
+    return ", ".join(f"{k} ({v}x)" for k, v in sorted(c.boundaries.items()))
+
+
+def _alone_at(c: VariantCount, b: int) -> str:
+    """Where the alone runs ran: "at the same boundary 123", or what they reused instead."""
+    if ran_at(c, b):
+        return f"at the same boundary {_where(b)}"
+    return f"(asked at boundary {_where(b)}; the runs reused {_ran(c)})"
+
+
 def _side_variant(counts: dict, config: str, b: int) -> VariantCount | None:
     """The alone run at boundary b: warm:b, or the cold run for b == 0."""
     v = Variant.alone_at(b)
@@ -138,7 +156,8 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
                 f"cause: run-to-run nondeterminism — alone ({at}), B's token in {c.b}/{c.n} runs, A's in {c.a}/{c.n}"
             )
     vb, va = _side_variant(counts, "engine", bb), _side_variant(counts, "engine", ba)
-    if ba != bb and vb is not None and va is not None and vb.b_numeric and not va.b:
+    achieved = ran_at(vb, bb) and ran_at(va, ba)  # only runs that reused what was asked test prefix reuse
+    if ba != bb and vb is not None and va is not None and vb.b_numeric and not va.b and achieved:
         return "prefix_reuse", (
             f"cause: prefix reuse — B's token in {vb.b_numeric}/{vb.n} alone at B's boundary {_where(bb)}, "
             f"0/{va.n} at A's boundary {_where(ba)}"
@@ -158,7 +177,8 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
                 )
         return "batch_composition", (
             f"cause: batch composition — B's token in {burst.b_numeric}/{burst.n} bursts with its {mates} batch "
-            f"mates from B, 0/{vb.n} alone at the same boundary {_where(bb)}"
+            f"mates from B, 0/{vb.n} alone {_alone_at(vb, bb)}"
+            + ("" if ran_at(burst, bb) else f"; the bursts reused {_ran(burst)}")
             + (
                 f"; as close to the FP32 reference as alone ({burst.err:.3g} vs {vb.err:.3g} nats)"
                 if burst.err is not None and vb.err is not None
@@ -352,6 +372,13 @@ def explain(
             want = Variant.parse(c.variant).boundary_wanted
             if c.config == "engine" and want is not None and set(c.boundaries) - {want}:
                 ev.append(f"{c.variant} runs reported reused prefixes {dict(c.boundaries)}, not only {want}")
+        ba, bb = int(p["boundary_a"]), int(p["boundary_b"])
+        va, vb = _side_variant(counts, "engine", ba), _side_variant(counts, "engine", bb)
+        if ba != bb and va is not None and vb is not None and not (ran_at(va, ba) and ran_at(vb, bb)):
+            ev.append(
+                f"prefix reuse not tested: the alone runs reused {_ran(va)} (A's boundary {_where(ba)} asked) and "
+                f"{_ran(vb)} (B's {_where(bb)} asked)"
+            )
         if loud:
             cause = f"LOUD: classified {p['class']} (benign), but {cause}"
         out.append(

@@ -131,8 +131,10 @@ def table(causes: list[CellCauses], fmt: str = "github") -> str:
 
 LEGEND = (
     "Each divergent pair was rerun on a live engine of its cell's configuration (`tracekit explain`, "
-    "docs/explain.md): alone with the prefix cache flushed, alone warm at each side's reused-prefix "
-    "boundary, and in a burst with its batch mates from B, each repeated; `cause` names the variant "
+    "docs/explain.md): alone cold (the prefix cache flushed, or llama.cpp's `cache_prompt: false`), alone "
+    "warm primed at each side's reused-prefix boundary, and in a burst with its batch mates from B, each "
+    "repeated; each run's reported reused prefix is kept, and a cause names a boundary only where the runs "
+    "reused it (llama.cpp without `--slot-save-path` cannot be primed: what ran is said); `cause` names the variant "
     "that gives B's token while its control does not, with counts. `right side` is the side whose "
     "token the teacher-forced FP32 full-history argmax picks; `deterministic` and `FP32` count the "
     "tokens the same variants chose on the target's deterministic and FP32 configurations."

@@ -146,6 +146,11 @@ def read_variants(paths: list[str], scorers: dict[str, Scorer]) -> list[str]:
                     f"{ex.get('config', '?')} ({r.meta.record.target}): cold variant unavailable: "
                     f"{flush.get('reason', '')}"
                 )
+            elif flush and not flush.get("flushes", True):  # cold by request, but no flush (llama.cpp)
+                notes.append(
+                    f"{ex.get('config', '?')} ({r.meta.record.target}): no prefix-cache flush before warm and "
+                    f"burst runs: {flush.get('reason', '')}"
+                )
             t = r.requests
             for i in range(len(t)):
                 tag = _tag(t.params[i])

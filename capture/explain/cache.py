@@ -5,7 +5,10 @@
 | `tracekit serve` | `POST /reset_prefix_cache` | empties the cache between two engine steps |
 | vLLM | `POST /reset_prefix_cache` | only with `VLLM_SERVER_DEV_MODE=1` (404 otherwise) |
 | SGLang | `POST /flush_cache` | refused while requests run |
-| llama.cpp | `"cache_prompt": false` in the request body | per request, no route |
+| llama.cpp | `"cache_prompt": false` (cold runs); | erase needs `--slot-save-path` (501 |
+| | `POST /slots/{id}?action=erase` for | otherwise): then warm and burst runs |
+| | every slot (the flush before warm and | start from what the slots hold; each |
+| | burst runs) | run's reported boundary says what it had |
 | TGI, others | none known | the cold variant is unavailable |
 
 The flush is tried once when the run starts (an empty cache costs nothing
@@ -32,13 +35,28 @@ class CacheControl:
     route: str | None
     cold_body: dict = field(default_factory=dict)
     reason: str = ""
+    slots: int = 0  # llama.cpp: the route holds {id}; flush POSTs it for slots 0..slots-1
+    warm_body: dict = field(default_factory=dict)  # merged into primes and warm / burst runs (llama.cpp: reuse on)
 
     @property
     def available(self) -> bool:
         return self.route is not None or bool(self.cold_body)
 
     def as_dict(self) -> dict:
-        return {"available": self.available, "route": self.route, "cold_body": self.cold_body, "reason": self.reason}
+        return {
+            "available": self.available,
+            "route": self.route,
+            "cold_body": self.cold_body,
+            "reason": self.reason,
+            "slots": self.slots,
+            "flushes": self.route is not None,  # warm and burst runs start from an empty cache
+        }
+
+    def routes(self) -> list[str]:
+        """The POSTs of one flush."""
+        if self.route is None:
+            return []
+        return [self.route.format(id=i) for i in range(self.slots)] if "{id}" in self.route else [self.route]
 
 
 async def post_flush(session: aiohttp.ClientSession, base: str, route: str) -> tuple[bool, str]:
@@ -55,7 +73,7 @@ async def post_flush(session: aiohttp.ClientSession, base: str, route: str) -> t
 async def detect(session: aiohttp.ClientSession, base: str, dialect: str, engine: dict) -> CacheControl:
     """The engine's way to start cold, found by trying it."""
     if dialect == "llamacpp":
-        return CacheControl(None, {"cache_prompt": False}, "llama.cpp: cache_prompt=false per request")
+        return await _llamacpp(session, base, engine)
     owned = str(((engine.get("v1_models") or {}).get("owned_by")) or "")
     tried = []
     for route in dict.fromkeys([ROUTES.get(dialect), *ROUTES.values()]):
@@ -67,3 +85,31 @@ async def detect(session: aiohttp.ClientSession, base: str, dialect: str, engine
         tried.append(what)
     note = f"; {VLLM_NOTE}" if dialect == "vllm" and owned != "tracekit" else ""
     return CacheControl(None, {}, "no cache flush: " + "; ".join(tried) + note)
+
+
+LLAMA_ERASE = "/slots/{id}?action=erase"
+
+
+async def _llamacpp(session: aiohttp.ClientSession, base: str, engine: dict) -> CacheControl:
+    """Cold runs send cache_prompt false; a flush erases every slot where the server allows it
+    (`--slot-save-path`), else warm and burst runs cannot be put at a boundary, said in `reason`."""
+    cold, warm = {"cache_prompt": False}, {"cache_prompt": True}
+    slots = int((engine.get("props") or {}).get("total_slots") or 0)
+    ok, what = await post_flush(session, base, LLAMA_ERASE.format(id=0)) if slots else (False, "no slot count")
+    if ok:
+        for i in range(1, slots):
+            ok, what = await post_flush(session, base, LLAMA_ERASE.format(id=i))
+            if not ok:
+                break
+    if ok:
+        return CacheControl(LLAMA_ERASE, cold, f"llama.cpp: cache_prompt=false per request; {slots} slots erased "
+                            "before each warm and burst run", slots, warm)  # fmt: skip
+    return CacheControl(
+        None,
+        cold,
+        f"llama.cpp: cache_prompt=false per request (cold runs); no slot erase ({what}): warm and burst runs "
+        "start from whatever the slots hold, so their reused prefix is what each run reports, not the one "
+        "asked (start llama-server with --slot-save-path DIR to erase slots)",
+        slots,
+        warm,
+    )

@@ -5,6 +5,8 @@ For each target (a divergent pair) and each repeat r, in this order:
 | variant | what is sent |
 |---|---|
 | `alone:cold` | flush the prefix cache (llama.cpp: `cache_prompt: false`), then the prompt alone |
+| | (llama.cpp's warm and burst runs send `cache_prompt: true`; its flush erases every slot, |
+| | possible only with `--slot-save-path`: without it the runs start from what the slots hold) |
 | `alone` | the prompt alone, cache state unknown (instead of `alone:cold` when no flush exists) |
 | `warm:<b>` | flush, prime, then the prompt alone: it reuses exactly b tokens. For b = B's boundary, |
 | | and A's when it differs and is > 0 |
@@ -93,7 +95,7 @@ class _Sender:
         self.clock = Clock()
 
     def spec(self, key: str, prompt, max_tokens: int, ignore_eos: bool, cold: bool = False) -> RequestSpec:
-        extra = {**self.pr.extra_body, **(self.cache.cold_body if cold else {})}
+        extra = {**self.pr.extra_body, **(self.cache.cold_body if cold else self.cache.warm_body)}
         return RequestSpec(
             key=key,
             prompt=list(prompt),
@@ -106,11 +108,10 @@ class _Sender:
         )
 
     async def flush(self) -> None:
-        if self.cache.route is None:
-            return
-        ok, what = await post_flush(self.session, self.base, self.cache.route)
-        if not ok and len(self.summary.notes) < 20:
-            self.summary.notes.append(f"flush failed during the run: {what}")
+        for route in self.cache.routes():
+            ok, what = await post_flush(self.session, self.base, route)
+            if not ok and len(self.summary.notes) < 20:
+                self.summary.notes.append(f"flush failed during the run: {what}")
 
     async def group(self, specs: list[RequestSpec], tags: list[dict]) -> list[Outcome]:
         """Send specs at once; write every outcome (one group commit) tagged with what it is."""
