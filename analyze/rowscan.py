@@ -10,10 +10,11 @@ in one read, block by block, so neither column is held whole nor read twice:
   positive   [N] the chosen logprob or a top-k logprob above POSITIVE_LIMIT
   heavy      [N] the row's probabilities (NaN entries left out) summing to more than SUM_LIMIT
 
-The per-row reductions run on each block transposed ([k, rows]): across a short row numpy
-pays per row, across the rows it runs at vector speed (bench/diff_bench.py). The mass is
-summed in float32 and every row within 1e-3 of the limit summed again in float64, so the
-verdict is the float64 sum's.
+Each check runs on a cache-sized block as whole-block vector passes: the comparisons on the
+flat block, the per-row "any" as ORs of the row's bytes read as wide ints, the mass as a
+matrix-vector product; a reduction across each short row would cost numpy a call per row
+(bench/diff_bench.py). The mass is summed in float32 and every row within 1e-3 of the limit
+summed again in float64, so the verdict is the float64 sum's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from .evidence import POSITIVE_LIMIT, SUM_LIMIT
 
 ORDER_TOL = POSITIVE_LIMIT  # an entry may exceed one listed before it by rounding only
-BLOCK_BYTES = 4 << 20  # rows read at a time, per column
+BLOCK_BYTES = 1 << 20  # rows read at a time, per column (the store's [N, k] chunk: 1 MiB)
 CACHE_BYTES = 256 << 10  # rows reduced at a time: a block that stays in the core's cache
 
 
@@ -72,20 +73,38 @@ def _flags(lps: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
 
 
+def _any_per_row(flat: np.ndarray, n: int, k: int) -> np.ndarray:
+    """[n] whether each row of a flat bool [n * k] holds a True: the row's bytes read as the
+    widest unsigned ints that tile it, OR-ed column by column (a reduction across a short row
+    costs numpy a call per row; across the rows it is a few vector passes)."""
+    size = next(s for s in (8, 4, 2, 1) if k % s == 0)
+    v = flat.view(f"u{size}").reshape(n, k // size)
+    acc = v[:, 0].copy()
+    for j in range(1, k // size):
+        acc |= v[:, j]
+    return acc != 0
+
+
 def _block_flags(lps: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    xt = np.ascontiguousarray(lps.T)  # [k, n]
-    tol = np.float32(ORDER_TOL)
+    n, k = lps.shape
+    flat = lps.reshape(-1)
+    hit = np.empty(n * k, bool)
     with np.errstate(invalid="ignore", over="ignore"):
-        disorder = (xt[1:] > xt[:-1] + tol).any(0)  # NaN compares False
-        positive = (chosen > POSITIVE_LIMIT) | (xt > POSITIVE_LIMIT).any(0)
-        mass = np.exp(xt).sum(0)  # float32: NaN where a row holds a NaN
+        hit[0] = False  # an entry above the one before it, within the row (NaN compares False)
+        np.greater(flat[1:], flat[:-1] + np.float32(ORDER_TOL), out=hit[1:])
+        hit[::k] = False
+        disorder = _any_per_row(hit, n, k)
+        np.greater(flat, POSITIVE_LIMIT, out=hit)
+        positive = (chosen > POSITIVE_LIMIT) | _any_per_row(hit, n, k)
+        mass = np.exp(lps) @ np.ones(k, np.float32)  # float32: NaN where a row holds a NaN
     odd = np.flatnonzero(np.isnan(mass))
     if len(odd):  # a value after a NaN gap is out of order too
         nan = np.isnan(lps[odd])
         disorder[odd] |= (nan[:, :-1] & ~nan[:, 1:]).any(1)
     near = np.flatnonzero(~(mass <= SUM_LIMIT - 1e-3))  # NaN, inf and sums near the limit: exactly
-    heavy = np.zeros(len(mass), bool)
-    heavy[near] = row_mass(lps[near]) > SUM_LIMIT
+    heavy = np.zeros(n, bool)
+    if len(near):
+        heavy[near] = row_mass(lps[near]) > SUM_LIMIT
     return disorder, positive, heavy
 
 
@@ -97,12 +116,17 @@ def scan(reader, token_id: np.ndarray, logprob: np.ndarray) -> RowScan | None:
     k = reader.layout.topk if reader.layout.topk else 0
     out = RowScan(np.full(n, np.nan, np.float32), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool))
     step = max(1, BLOCK_BYTES // max(1, 4 * k))
+    bufs = None  # one buffer per column, reused block after block
     for s in range(0, n, step):
         e = min(n, s + step)
-        ids = reader.column("topk_id", slice(s, e))
-        lps = reader.column("topk_logprob", slice(s, e))
-        if lps.ndim != 2 or not lps.shape[1]:
-            return None
+        if bufs is None:
+            ids, lps = reader.column("topk_id", slice(s, e)), reader.column("topk_logprob", slice(s, e))
+            if lps.ndim != 2 or not lps.shape[1]:
+                return None
+            bufs = (np.empty((step,) + ids.shape[1:], ids.dtype), np.empty((step,) + lps.shape[1:], lps.dtype))
+        else:
+            ids = reader.column("topk_id", slice(s, e), out=bufs[0])
+            lps = reader.column("topk_logprob", slice(s, e), out=bufs[1])
         out.topk_lp[s:e] = pick(ids, lps, token_id[s:e])
         out.disorder[s:e], out.positive[s:e], out.heavy[s:e] = _flags(lps, logprob[s:e])
     return out

@@ -12,10 +12,8 @@ from tracekit.analyze.evidence import POSITIVE_LIMIT, SUM_LIMIT
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns
 from tracekit.store import TraceReader, TraceWriter
 
-K = 6
 
-
-def _rows(n: int, seed: int = 0):
+def _rows(n: int, K: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     lps = -np.sort(rng.uniform(0.05, 9.0, (n, K)), axis=1).astype(np.float32)
     ids = (np.arange(n * K).reshape(n, K) * 7 % 4001).astype(np.int32)
@@ -25,7 +23,7 @@ def _rows(n: int, seed: int = 0):
     chosen = lps[:, 0].copy()
     # the misreports, one kind per row
     lps[1, 2], lps[1, 3] = -0.5, -0.2  # out of order
-    lps[2, 4:] = np.nan  # NaN padding at the end: sorted
+    lps[2, K - 2 :] = np.nan  # NaN padding at the end: sorted
     lps[3, 2] = np.nan  # a value after a NaN gap: out of order
     lps[4, 1] = 0.01  # above 0
     chosen[5] = 0.002  # the chosen logprob above 0
@@ -51,7 +49,7 @@ def _rowwise(ids, lps, tok, chosen):
 
 
 def _trace(path, ids, lps, tok, chosen, lens):
-    meta = RunMeta(source="http", run={"dtype": "bf16"}, layout=Layout(topk=K, raw_logits=False))
+    meta = RunMeta(source="http", run={"dtype": "bf16"}, layout=Layout(topk=ids.shape[1], raw_logits=False))
     with TraceWriter(path, meta) as w:
         s = 0
         for i, n in enumerate(lens):
@@ -63,9 +61,10 @@ def _trace(path, ids, lps, tok, chosen, lens):
             s = e
 
 
+@pytest.mark.parametrize("K", [5, 6, 20])  # rows read as 1-, 2- and 4-byte ints
 @pytest.mark.parametrize("block_rows", [3, 7, 64, 10_000])
-def test_scan_equals_the_rowwise_checks(tmp_path, monkeypatch, block_rows):
-    ids, lps, tok, chosen = _rows(157)
+def test_scan_equals_the_rowwise_checks(tmp_path, monkeypatch, block_rows, K):
+    ids, lps, tok, chosen = _rows(157, K)
     monkeypatch.setattr(rowscan, "BLOCK_BYTES", block_rows * 4 * K)
     monkeypatch.setattr(rowscan, "CACHE_BYTES", max(1, block_rows // 2) * 4 * K)
     _trace(tmp_path / "t.h5", ids, lps, tok, chosen, [50, 60, 47])

@@ -203,14 +203,17 @@ class TraceReader:
         with damaged(self.path, f"/prompt/token_id (rows {s}:{s + n})", self._prompt):
             return _read_rows(self._prompt, s, s + n)
 
-    def column(self, name: str, rows: slice | None = None) -> np.ndarray:
-        """A whole token column (or a row range of it) as one numpy array."""
+    def column(self, name: str, rows: slice | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """A whole token column (or a row range of it) as one numpy array. out: a C-contiguous
+        array of the column's dtype and at least as many rows to read into (a reader of many
+        blocks reuses one buffer instead of faulting in fresh pages each block); the result is
+        its first rows."""
         ds = self._dataset(name)
         n = self.n_token_rows
         start, stop, step = (rows or slice(0, n)).indices(n)
         with damaged(self.path, f"/tokens/{name}", ds):
             if step == 1:
-                return _read_rows(ds, start, max(start, stop))
+                return _read_rows(ds, start, max(start, stop), out)
             return ds[start:stop:step]
 
     def columns(self, names: Iterable[str]) -> dict[str, np.ndarray]:
@@ -231,12 +234,18 @@ class TraceReader:
         return total
 
 
-def _read_rows(ds: h5py.Dataset, start: int, stop: int) -> np.ndarray:
+def _read_rows(ds: h5py.Dataset, start: int, stop: int, into: np.ndarray | None = None) -> np.ndarray:
     """Rows [start, stop) of a dataset through h5py's low-level read (a tenth of the
     high-level slice's overhead, which a per-request read pays seven times)."""
-    if start == 0 and stop == ds.shape[0]:
+    if into is not None:
+        if into.dtype != ds.dtype or into.shape[1:] != ds.shape[1:] or len(into) < stop - start:
+            want = f"[>= {stop - start}, {ds.shape[1:]}] {ds.dtype}"
+            raise ValueError(f"out: expected {want}, got {into.shape} {into.dtype}")
+        out = into[: stop - start]
+    elif start == 0 and stop == ds.shape[0]:
         return read_all(ds.id)
-    out = np.empty((stop - start,) + ds.shape[1:], dtype=ds.dtype)
+    else:
+        out = np.empty((stop - start,) + ds.shape[1:], dtype=ds.dtype)
     if len(out):
         fspace = ds.id.get_space()
         fspace.select_hyperslab((start,) + (0,) * (ds.ndim - 1), out.shape)
