@@ -1,5 +1,6 @@
-"""`tracekit capture`: record a trace, over HTTP (`--http URL`) or by
-teacher forcing a local model (`--teacher-forced MODEL`). Exactly one of the two.
+"""`tracekit capture`: record a trace, over HTTP (`--http URL`), by teacher forcing a local
+model (`--teacher-forced MODEL`), or by replaying a trace's tokens through the engine under test
+over HTTP (`--replay-http URL --from TRACE`). Exactly one of the three.
 
 The command only parses options and dispatches: `tracekit.capture.http.run_capture`
 for HTTP, `tracekit.capture.teacher.run_teacher` (on a `TeacherConfig`) for teacher
@@ -28,10 +29,13 @@ EPILOG = """Examples:
   tracekit capture --teacher-forced fixtures/models/tiny --from serial.h5 \\
       --history full,prefix:auto,decode --dtype fp32,bf16 --out diag.h5
   tracekit capture --teacher-forced fixtures/models/tiny --from serial.h5 --tp 2 --out diag_tp2.h5
+  tracekit capture --replay-http http://127.0.0.1:8000 --from serial.h5 \\
+      --history cold,warm:auto --out engine_replay.h5
 """
 
-HTTP, TEACHER, BOTH = "--http", "--teacher-forced", "both"
-MODE_LABEL = {HTTP: "HTTP", TEACHER: "Teacher-forced"}
+HTTP, TEACHER, BOTH, REPLAY, ALL = "--http", "--teacher-forced", "both", "--replay-http", "all"
+MODE_LABEL = {HTTP: "HTTP", TEACHER: "Teacher-forced", REPLAY: "Replay-HTTP"}
+REPLAY_HISTORY = "cold,warm:auto"  # --history of --replay-http when not given
 TEACHER_MAX_TOKENS = 32  # --max-tokens of a teacher-forced run when not given
 TEACHER_DTYPE = "fp32"
 
@@ -55,6 +59,13 @@ class Opt:
     mode: str
     kw: dict = field(default_factory=dict)
 
+    def takes(self, mode: str) -> bool:
+        """Whether the option belongs to `mode` (BOTH: --http and --teacher-forced; ALL: every mode)."""
+        modes = {BOTH: (HTTP, TEACHER), ALL: (HTTP, TEACHER, REPLAY)}.get(self.mode, None)
+        if modes is None:
+            modes = self.mode if isinstance(self.mode, tuple) else (self.mode,)
+        return mode in modes
+
     @property
     def flag(self) -> str:
         return next(d for d in self.decls if d.startswith("--")).split("/")[0]
@@ -68,7 +79,7 @@ OPTIONS = (
         BOTH,
         dict(type=click.Path(dir_okay=False), help="JSONL prompt set (docs/capture.md)."),
     ),
-    Opt("out", ("--out",), BOTH, dict(type=click.Path(dir_okay=False), help="Trace file to write (.h5).")),
+    Opt("out", ("--out",), ALL, dict(type=click.Path(dir_okay=False), help="Trace file to write (.h5).")),
     Opt(
         "max_tokens",
         ("--max-tokens",),
@@ -82,7 +93,7 @@ OPTIONS = (
     Opt(
         "top_logprobs",
         ("--top-logprobs",),
-        BOTH,
+        ALL,
         dict(default=20, show_default=True, help="Top-k to ask for and store."),
     ),
     Opt(
@@ -95,7 +106,7 @@ OPTIONS = (
             "does not report it. Teacher-forced: dtypes to run, D,... of fp32,bf16,fp16 (default fp32).",
         ),
     ),
-    Opt("as_json", ("--json", "as_json"), BOTH, dict(is_flag=True, help="Print one JSON summary on stdout.")),
+    Opt("as_json", ("--json", "as_json"), ALL, dict(is_flag=True, help="Print one JSON summary on stdout.")),
     # ---- --http ----------------------------------------------------------------
     Opt(
         "concurrency", ("--concurrency",), HTTP, dict(default=1, show_default=True, help="Requests in flight at most.")
@@ -143,17 +154,22 @@ OPTIONS = (
     Opt(
         "tokenizer",
         ("--tokenizer",),
-        HTTP,
+        (HTTP, REPLAY),
         dict(type=click.Path(file_okay=False), help="Tokenizer dir: token strings -> ids."),
     ),
     Opt("model", ("--model",), HTTP, dict(default="", help="Model name to send (default: the first of /v1/models).")),
     Opt(
         "api_key_env",
         ("--api-key-env",),
-        HTTP,
+        (HTTP, REPLAY),
         dict(metavar="VAR", help="Read the API key from env VAR; sent as a Bearer header, never stored."),
     ),
-    Opt("timeout_s", ("--timeout-s",), HTTP, dict(default=600.0, show_default=True, help="Per-request timeout (s).")),
+    Opt(
+        "timeout_s",
+        ("--timeout-s",),
+        (HTTP, REPLAY),
+        dict(default=600.0, show_default=True, help="Per-request timeout (s)."),
+    ),
     Opt(
         "wait_ready_s",
         ("--wait-ready", "wait_ready_s"),
@@ -185,15 +201,44 @@ OPTIONS = (
     Opt(
         "from_path",
         ("--from", "from_path"),
-        TEACHER,
+        (TEACHER, REPLAY),
         dict(type=click.Path(dir_okay=False), metavar="TRACE", help="Replay the requests of this trace."),
     ),
-    Opt("keys", ("--keys",), TEACHER, dict(metavar="K,...", help="Only these request keys of --from.")),
+    Opt("keys", ("--keys",), (TEACHER, REPLAY), dict(metavar="K,...", help="Only these request keys of --from.")),
     Opt(
         "history",
         ("--history",),
-        TEACHER,
-        dict(default="full", show_default=True, metavar="H,...", help="full,prefix:B,prefix:auto,chunked:C,decode."),
+        (TEACHER, REPLAY),
+        dict(
+            default="full",
+            show_default=True,
+            metavar="H,...",
+            help="Teacher-forced: full,prefix:B,prefix:auto,chunked:C,decode. Replay-HTTP: cold,warm:auto,warm:B "
+            f"(default {REPLAY_HISTORY}).",
+        ),
+    ),
+    # ---- --replay-http -----------------------------------------------------------
+    Opt(
+        "replay_engine",
+        ("--replay-engine",),
+        REPLAY,
+        dict(
+            default="auto",
+            show_default=True,
+            type=click.Choice(["auto", "tracekit", "vllm", "sglang", "tgi", "llamacpp"]),
+            help="Which engine the server is (its replay dialect); auto probes.",
+        ),
+    ),
+    Opt(
+        "replay_method",
+        ("--replay-method",),
+        REPLAY,
+        dict(
+            default="auto",
+            show_default=True,
+            type=click.Choice(["auto", "forced", "prompt-logprobs"]),
+            help="tracekit serve only: forced (the live decode path, default) or prompt-logprobs (one prefill).",
+        ),
     ),
     Opt(
         "attn",
@@ -252,7 +297,7 @@ OPTIONS = (
 def _with_options(f):
     for o in reversed(OPTIONS):
         kw = dict(o.kw)
-        if o.mode != BOTH:
+        if o.mode not in (BOTH, ALL) and not isinstance(o.mode, tuple):
             h = kw.get("help", "")
             first = h[:1] if h[1:2].isupper() else h[:1].lower()  # "SSE", "HTTP" stay as they are
             kw["help"] = f"{MODE_LABEL[o.mode]}: {first}{h[1:]}"
@@ -263,6 +308,12 @@ def _with_options(f):
 @click.command(epilog=EPILOG)
 @click.option("--http", "url", metavar="URL", help="Capture from the server at URL (e.g. http://127.0.0.1:8000).")
 @click.option(
+    "--replay-http",
+    "replay_url",
+    metavar="URL",
+    help="Replay --from's traced tokens through the engine at URL, under each --history (docs/explain.md).",
+)
+@click.option(
     "--teacher-forced",
     "teacher_model",
     metavar="MODEL",
@@ -270,14 +321,20 @@ def _with_options(f):
 )
 @_with_options
 @click.pass_context
-def cmd(ctx, url, teacher_model, **opts):
-    """Capture a trace from an engine over HTTP, or teacher-forced from a model."""
-    if bool(url) == bool(teacher_model):
-        raise click.UsageError("give exactly one of --http URL or --teacher-forced MODEL")
-    mode = HTTP if url else TEACHER
+def cmd(ctx, url, teacher_model, replay_url, **opts):
+    """Capture a trace from an engine over HTTP, teacher-forced from a model, or replayed through the engine."""
+    if sum(map(bool, (url, teacher_model, replay_url))) != 1:
+        raise click.UsageError("give exactly one of --http URL, --teacher-forced MODEL or --replay-http URL")
+    mode = HTTP if url else TEACHER if teacher_model else REPLAY
     _only_for(ctx, mode)
-    mine = {o.name: opts[o.name] for o in OPTIONS if o.mode in (mode, BOTH)}
+    mine = {o.name: opts[o.name] for o in OPTIONS if o.takes(mode)}
     as_json = mine.pop("as_json")
+    if mode == REPLAY:
+        from click.core import ParameterSource
+
+        if ctx.get_parameter_source("history") != ParameterSource.COMMANDLINE:
+            mine["history"] = REPLAY_HISTORY
+        ctx.exit(_run_replay(replay_url, as_json, mine))
     ctx.exit(_run_http(url, as_json, mine) if url else _run_teacher(teacher_model, as_json, mine))
 
 
@@ -285,10 +342,50 @@ def _only_for(ctx, mode: str) -> None:
     """Options of the other mode given on the command line: a usage error, never silently ignored."""
     from click.core import ParameterSource
 
-    other = [o for o in OPTIONS if o.mode not in (mode, BOTH)]
-    given = [o.flag for o in other if ctx.get_parameter_source(o.name) == ParameterSource.COMMANDLINE]
+    other = [o for o in OPTIONS if not o.takes(mode)]
+    given = [o for o in other if ctx.get_parameter_source(o.name) == ParameterSource.COMMANDLINE]
     if given:
-        raise click.UsageError(f"{', '.join(given)}: only with {HTTP if mode == TEACHER else TEACHER}")
+        where = " or ".join(m for m in (HTTP, TEACHER, REPLAY) if given[0].takes(m))
+        raise click.UsageError(f"{', '.join(o.flag for o in given)}: only with {where}")
+
+
+def _run_replay(url: str, as_json: bool, opts: dict) -> int:
+    import os
+
+    from tracekit.capture.replay_http import ReplayHttpConfig, parse_histories, run_replay_http
+    from tracekit.errors import ConfigError
+
+    for need, flag in (("from_path", "--from"), ("out", "--out")):
+        if not opts.get(need):
+            raise click.UsageError(f"--replay-http needs {flag}")
+    api_key = os.environ.get(opts["api_key_env"]) if opts.get("api_key_env") else None
+    try:
+        histories = parse_histories(opts["history"])
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    cfg = ReplayHttpConfig(
+        url=url,
+        source=opts["from_path"],
+        out=opts["out"],
+        histories=histories,
+        keys=tuple(k for k in (opts.get("keys") or "").split(",") if k),
+        top_logprobs=opts["top_logprobs"],
+        engine=opts["replay_engine"],
+        method=opts["replay_method"],
+        timeout_s=opts["timeout_s"],
+        api_key=api_key,
+        tokenizer=opts.get("tokenizer"),
+    )
+    s = run_replay_http(cfg)
+    if as_json:
+        click.echo(json.dumps(s.as_dict(), sort_keys=True))
+    else:
+        click.echo(f"{s.out}: {s.ok}/{s.rows} replay rows ok on {s.engine} ({s.method})")
+    for line in s.skipped[:5]:
+        click.echo(f"skipped: {line}", err=True)
+    for line in s.failed[:5]:
+        click.echo(f"failed: {line}", err=True)
+    return 1 if s.failed else 0
 
 
 def _run_teacher(model: str, as_json: bool, opts: dict) -> int:
