@@ -75,14 +75,16 @@ def model_dir(models: Path, name: str, device: str) -> Path:
     return d
 
 
-def capture_all(model: Path, device: str, out: Path, repeats: int, max_tokens: int) -> dict[str, Path]:
-    from tracekit.capture.http import CaptureConfig, run_capture
-    from tracekit.engine.process import start_engine
+def engine_args(model: Path, device: str, dtype: str = "bf16", extra: tuple = ()) -> list:
+    args = ["--model", model, "--dtype", dtype, "--device", device, "--slots", "8", "--no-prefix-cache"]
+    return [*args, "--max-context", "256", *extra]
 
-    args = ["--model", model, "--dtype", "bf16", "--device", device, "--slots", "8", "--no-prefix-cache"]
-    args += ["--max-context", "256"]
+
+def capture_all(eng, out: Path, repeats: int, max_tokens: int) -> dict[str, Path]:
+    from tracekit.capture.http import CaptureConfig, run_capture
+
     traces = {}
-    with start_engine(args, timeout_s=600, log_path=out / "serve.log") as eng:
+    if True:
         for r in range(1, repeats + 1):
             for name, conc in RUNS.items():
                 t = out / "traces" / f"{tag(name, r)}.h5"
@@ -94,8 +96,27 @@ def capture_all(model: Path, device: str, out: Path, repeats: int, max_tokens: i
                 if s.failed:
                     raise RuntimeError(f"{t.name}: {s.failed} failed requests: {s.failures[:3]}")
                 traces[tag(name, r)] = t
-        log(f"captured {len(traces)} traces on `tracekit serve {' '.join(map(str, args))}`")
+        log(f"captured {len(traces)} traces")
     return traces
+
+
+def explain_pair(a: Path, b: Path, urls: dict, model: Path, device: str, cal: Path, out: Path, repeats: int) -> dict:
+    """`tracekit explain` on the watched pair with this run's calibration (and the deterministic and
+    FP32 configurations of the same engine, and the teacher-forced replays): its JSON document."""
+    cmd = [sys.executable, "-m", "tracekit", "explain", str(a), str(b), "--url", urls["bf16"], "--keys", WATCH]
+    cmd += ["--calibration", str(cal), "--teacher-forced", str(model), "--device", device, "--json"]
+    cmd += ["--repeats", str(repeats), "--fp32-url", urls["fp32"], "--deterministic-url", urls["det"]]
+    cmd += ["--out", str(out / "explain")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    (out / "explain.stderr.log").write_text(p.stderr[-20000:])
+    try:
+        doc = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        doc = {"stdout_tail": p.stdout[-4000:]}
+    doc["exit_code"] = p.returncode
+    doc["command"] = " ".join(map(str, cmd))
+    return doc
 
 
 def reference(model: Path, serial: Path, device: str, out: Path) -> Path:
@@ -195,6 +216,19 @@ def report(doc: dict) -> str:
                 f"| {_cell(p['gap_a_ulp'])} / {_cell(p['gap_a_nats'])} | {_cell(p['gap_b_ulp'])} / "
                 f"{_cell(p['gap_b_nats'])} | {ref_cell(p)} | {p.get('ref_verdict', '–')} |"
             )
+    e = doc.get("explain")
+    if e:
+        lines += ["", f"## `tracekit explain` on {WATCH}, calibrated (exit {e.get('exit_code')})", ""]
+        lines += [f"`{e.get('command', '')}`", ""]
+        lines += [f"Summary: {json.dumps(e.get('summary'))}; numeric bound {e.get('drift_nats')} nats.", ""]
+        for p in e.get("pairs", []):
+            lines.append(f"- {p['key']} ({p['class']}, position {p['position']}): **{p['kind']}**: {p['cause']}")
+            lines += [f"  - {x}" for x in p.get("evidence", [])]
+            for v in p.get("variants", []):
+                lines.append(f"  - variant: {json.dumps(v)[:300]}")
+        lines += [f"- note: {n}" for n in e.get("notes", [])] + [f"- skipped: {n}" for n in e.get("skipped", [])]
+        if "stdout_tail" in e:
+            lines += ["", "```", e["stdout_tail"][-2000:], "```"]
     lines += ["", f"Phase times (s): {json.dumps(doc['seconds'])}", ""]
     return "\n".join(lines)
 
@@ -207,7 +241,18 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen3-4b", help="a models.py architecture")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--smoke", action="store_true", help="CPU, the tiny fixture model (fixtures/models/tiny)")
+    ap.add_argument("--repeats", type=int, default=3, help="captures of each level; calibrate on all but the last")
+    ap.add_argument("--levels", default="1,4,8", help="concurrency levels (1 = serial), e.g. 1,2,3,4,6,8")
+    ap.add_argument("--explain", action="store_true", help="then `tracekit explain` the watched pair, calibrated")
+    ap.add_argument("--explain-repeats", type=int, default=3)
     a = ap.parse_args(argv)
+    if a.repeats < 3:
+        ap.error("--repeats must be >= 3 (two calibrate, the last is judged)")
+    RUNS.clear()
+    for c in (int(x) for x in a.levels.split(",")):
+        RUNS["serial" if c == 1 else f"c{c}"] = c
+    if "serial" not in RUNS:
+        ap.error("--levels must include 1 (the serial baseline)")
     if a.smoke:
         a.device = "cpu"
     out = Path(a.out)
@@ -218,18 +263,57 @@ def main(argv=None) -> int:
     times: dict = {}
     with Phase("model", times):
         model = TINY if a.smoke else model_dir(Path(a.models_dir), a.model, a.device)
-    with Phase("captures", times):
-        tr = capture_all(model, a.device, out, 3, a.max_tokens)
-    with Phase("reference", times):
-        ref = reference(model, tr["serial1"], a.device, out)
-    with Phase("calibrate", times):
-        pairs = [(tr[tag("serial", r)], tr[tag(n, r)]) for r in (1, 2) for n in ("c4", "c8")]
-        pairs += [(tr[tag(n, 1)], tr[tag(n, 2)]) for n in RUNS]  # serial1/2, c4_1/2, c8_1/2
-        cal = measure([(str(x), str(y)) for x, y in pairs], name=f"{model.name}-bf16-c4c8-repeats12")
-        write_calibration(cal, out / "cal.json")
-        log(cal.describe())
-    with Phase("verdicts", times):
-        verdicts = [verdict(tr["serial1"], tr[tag(n, 3)], m, cal, ref) for n in RUNS for m in MODES]
+    import contextlib
+
+    from tracekit.engine.process import start_engine
+
+    R, bursts = a.repeats, [n for n in RUNS if n != "serial"]
+    calib = list(range(1, R))  # the repeats the calibration measures; R is judged
+    args = engine_args(model, a.device)
+    with contextlib.ExitStack() as stack:
+        eng = stack.enter_context(start_engine(args, timeout_s=600, log_path=out / "serve.log"))
+        with Phase("captures", times):
+            tr = capture_all(eng, out, R, a.max_tokens)
+        with Phase("reference", times):
+            ref = reference(model, tr["serial1"], a.device, out)
+        with Phase("calibrate", times):
+            pairs = [(tr[tag("serial", r)], tr[tag(n, r)]) for r in calib for n in bursts]
+            pairs += [(tr[tag(n, r)], tr[tag(n, r + 1)]) for n in RUNS for r in calib[:-1]]  # repeat vs repeat
+            levels = "".join(bursts)
+            cal = measure([(str(x), str(y)) for x, y in pairs], name=f"{model.name}-bf16-{levels}-repeats1-{R - 1}")
+            write_calibration(cal, out / "cal.json")
+            log(cal.describe())
+        with Phase("verdicts", times):
+            verdicts = [verdict(tr["serial1"], tr[tag(n, R)], m, cal, ref) for n in RUNS for m in MODES]
+        explained = None
+        if a.explain:
+            with Phase("explain", times):
+                urls = {"bf16": eng.url}
+                for key, extra, dt in (("fp32", (), "fp32"), ("det", ("--batch-invariant",), "bf16")):
+                    e2 = stack.enter_context(
+                        start_engine(engine_args(model, a.device, dt, extra), 600, log_path=out / f"serve_{key}.log")
+                    )
+                    urls[key] = e2.url
+                # the judged burst whose watched pair diverged, the largest level first
+                div = [v["b"] for v in verdicts if v["mode"] == "cal" for p in v["pairs"] if p["key"] == WATCH]
+                div = [b for b in div if not b.startswith("serial")]
+                watched = [
+                    v["b"]
+                    for v in verdicts
+                    if v["mode"] == "cal" and any(p["key"] == WATCH and p["class"] != "identical" for p in v["pairs"])
+                ]
+                b = (watched or div or [tag(bursts[-1], R)])[-1]
+                explained = explain_pair(
+                    tr["serial1"],
+                    out / "traces" / f"{b}.h5",
+                    urls,
+                    model,
+                    a.device,
+                    out / "cal.json",
+                    out,
+                    a.explain_repeats,
+                )
+                log(f"explain {WATCH} on serial1 vs {b}: exit {explained.get('exit_code')}")
     doc = {
         "model": "tiny fixture model" if a.smoke else f"{a.model} shape",
         "model_dir": str(model),
@@ -237,7 +321,11 @@ def main(argv=None) -> int:
         "weights_note": "1M-parameter model trained on the fixture corpus"
         if a.smoke
         else "real architecture, RANDOM weights from seed 0, peaked LM head (models.py); not a trained model",
-        "engine": f"tracekit serve --dtype bf16 --device {a.device} --slots 8 --no-prefix-cache --max-context 256",
+        "engine": "tracekit serve " + " ".join(map(str, args)),
+        "repeats": R,
+        "levels": dict(RUNS),
+        "calibration_pairs": [[Path(x).stem, Path(y).stem] for x, y in pairs],
+        "explain": explained,
         "prompts": str(PROMPTS.relative_to(ROOT)),
         "max_tokens": a.max_tokens,
         "calibration": cal.to_json(),

@@ -98,6 +98,24 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
             + [r"phase verdicts: done"],
         )
     ],
+    "gpu_study_decode_graphs": [
+        (
+            "gpu_study/decode_graphs.py",
+            ["--smoke", "--out", "{tmp}/dg"],
+            [r"\| B8 padded \| 8 \| 100-128 \| 4 \| True \| 0 \|", r"\| B1 \| 1 \| 120-120 \| 4 \| True \| 0 \|"]
+            + [rf"\| 4 \| inline \| {NUM} \|"],
+        )
+    ],
+    "gpu_study_long_cells": [
+        (
+            "gpu_study/long_cells.py",
+            ["--smoke", "--out", "{tmp}/long", "--phases", "gemma_window"],
+            [r'"window_mattered": (true|false)', r"phase gemma_window: done"],
+        )
+    ],
+    "gpu_study_pair_probe": [
+        ("gpu_study/pair_probe.py", ["--smoke", "--out", "{tmp}/pp"], [r"b8-padded \{.*abs_dgap_nats", r"serial err"])
+    ],
 }
 CUDA = "needs CUDA (a GPU job)"
 SKIPPED = {
