@@ -113,6 +113,9 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
             [r'"window_mattered": (true|false)', r"phase gemma_window: done"],
         )
     ],
+    "gpu_study_diag_chain": [
+        ("gpu_study/diag_chain.py", ["--smoke", "--out", "{tmp}/dc"], [r'"mode": "inline", "step_ms_runs"'])
+    ],
     "gpu_study_pair_probe": [
         ("gpu_study/pair_probe.py", ["--smoke", "--out", "{tmp}/pp"], [r"b8-padded \{.*abs_dgap_nats", r"serial err"])
     ],
