@@ -3,9 +3,11 @@
 The demo's premise: FP32 serial vs concurrent must be N/N identical (the
 control), and so must BF16 on the deterministic (`--batch-invariant`) engine,
 bitwise; BF16 divergences classified benign are the finding, not a failure,
-and `tracekit explain` names the cause of each (a benign-classed pair that no
-variant reproduced is flagged LOUD). `demo_verdict` checks that; `demo_page`
-is the text the demo prints and keeps as `report/demo_stdout.txt`.
+and `tracekit explain` names the cause of each, judged with the calibration
+the run measured on the engine's healthy repeats. A pair explain calls `bug`
+(LOUD when its class was benign) or `unresolved` fails the demo, as it makes
+`tracekit explain` exit 1. `demo_verdict` checks that; `demo_page` is the text
+the demo prints and keeps as `report/demo_stdout.txt`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tracekit.verdicts import BENIGN as _BENIGN
 from . import explain_cells
 from .explain_cells import CellCauses
 from .run_report import CellRow, Report, pair_table, text_table
+from .run_report_sections import yardstick
 
 BENIGN = tuple(v.value for v in _BENIGN)  # tracekit/verdicts.py
 STDOUT_FILE = "demo_stdout.txt"
@@ -98,6 +101,19 @@ def demo_verdict(
     if causes:
         lines.append(f"Causes ({explain_cells.headline(list(causes))}).")
         lines += explain_cells.loud_lines(list(causes))
+        bad = [
+            f"{cc.cell.id}:{p['key']} ({p['kind']})"
+            for cc in causes
+            for p in cc.pairs
+            if p.get("kind") not in explain_cells.OK_KINDS or p.get("loud")
+        ]
+        bad += [f"{cc.cell.id}: {cc.error}" for cc in causes if cc.error]
+        if bad:
+            ok = False
+            lines.append(
+                f"FAIL: {len(bad)} explained pair(s) with no cause — `bug` (report as a bug) or `unresolved`, on "
+                f"which `tracekit explain` exits 1, and so does the demo: {', '.join(bad)}"
+            )
     bad = [r.cell.id for r in rows if not r.ok]
     if bad:
         ok = False
@@ -120,9 +136,11 @@ def _causes_block(causes: list[CellCauses], sampled: str) -> list[str]:
 def demo_page(
     report: Report, verdict: DemoVerdict, seconds: float, causes: list[CellCauses] = (), sampled: str = ""
 ) -> str:
-    """The demo's stdout: the evidence table, every divergent pair and its cause, the verdict,
-    where the files are. `sampled` says what the explain step ran (repeats, configurations)."""
+    """The demo's stdout: the evidence table, every divergent pair and its cause, the yardstick
+    (the calibrations and references each cell was judged with), the verdict, where the files are.
+    `sampled` says what the explain step ran (repeats, configurations)."""
     root = report.root
+    yard, _ = yardstick(root, [r.loaded for r in report.rows])
     plots = ", ".join(str(root / p) for p in report.plots.values()) or "none"
     return "\n".join(
         [
@@ -137,10 +155,12 @@ def demo_page(
             pair_table(list(report.rows)),
             "",
             *_causes_block(list(causes), sampled),
+            *[x.removeprefix("### ") for x in yard],
             *verdict.lines,
             "",
-            f"files: {root}/ (manifest.json with sha256 of every file; groups/*/serial.h5, cells/*/burst.h5, "
-            "diff.json, checks.json, teacher.h5, explain/ (variants-*.h5, explain.json); engines/*.log)",
+            f"files: {root}/ (manifest.json with sha256 of every file; groups/*/serial.h5, cold.h5 (the cold "
+            "reference), repeat-*.h5 (calibration repeats); calibration/*.json; cells/*/burst.h5, diff.json, "
+            "diff-cold.json, checks.json, teacher.h5, explain/ (variants-*.h5, explain.json); engines/*.log)",
             f"report: {root / 'report' / 'report.md'} (this text: {root / 'report' / STDOUT_FILE})",
             f"plots: {plots}",
             f"took {seconds:.0f} s",

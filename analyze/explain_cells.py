@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from tracekit.rundir import Cell, RunDir
 
-OK_KINDS = ("nondeterminism", "prefix_reuse", "batch_composition", "cache_history")
+from .explain import OK_KINDS  # one vocabulary of causes
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,16 @@ def flip_test(g: PositionGaps, keys: np.ndarray, cal: Calibration, dtype: str, a
     )
 
 
+def healthy_edge(cal: Calibration, use_steps: bool) -> float:
+    """The largest top-2 gap this calibration accepts as a healthy flip, by the rule `flip_test`
+    counts `beyond` with (the upper edge of the bin holding its largest healthy flip; infinite, as
+    there, when that flip was an exact tie); 0 when it saw no flip."""
+    bins = cal.flip_steps if use_steps and cal.flip_steps is not None else cal.flip_nats
+    if bins.total_flips == 0:
+        return 0.0
+    return _upper_edge(bins, cal.flip_gap_max_steps if bins is cal.flip_steps else cal.flip_gap_max_nats)
+
+
 def _upper_edge(bins: GapBins, gmax: float | None) -> float:
     """Flips are 'beyond' the calibration above the upper edge of the bin holding its
     largest healthy flip (a bin, not the exact value: the next healthy repeat may flip a

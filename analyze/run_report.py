@@ -180,6 +180,7 @@ def summary(
         "plots": plots or {},
         "cross_target": compare_targets.matched(rows),
         "explain": explain_cells.summary(explain_cells.load(root, [r.cell for r in rows])),
+        "yardstick": sections.yardstick(Path(root), [r.loaded for r in rows])[1],
     }
 
 
@@ -328,7 +329,8 @@ def markdown(
         f"## tracekit matrix evidence: {man.matrix_name if man else root.name}",
         "",
         f"**{n_ok}/{n} cells pass** (a cell fails on any `unexplained` or `incomparable` pair, "
-        "or any failed lifecycle check). Identical = A vs B, equal token ids.",
+        "or any failed check: lifecycle, the run-level `calibration` test, the `cold_reference` diff). "
+        "Identical = A vs B, equal token ids.",
         "",
         sections.AB_TEXT,
         "",
@@ -341,6 +343,7 @@ def markdown(
         sections.PAIR_LEGEND,
         "",
     ]
+    lines += sections.yardstick(root, [r.loaded for r in rows])[0]
     lines += explain_cells.markdown(explain_cells.load(root, [r.cell for r in rows]))
     lines += compare_targets.markdown(compare_targets.matched(rows))
     lines += sections.pitfalls((r.cell.id, r.facts) for r in rows)

@@ -103,3 +103,62 @@ def plot_lines(root: Path, plots: dict | None) -> list[str]:
     for name, rel in plots.items():
         out.append(f"- `{rel}`: ![{name}]({Path(rel).relative_to('report').as_posix()})")
     return out + [""]
+
+
+def _check(record, name: str):
+    return next((c for c in record.checks if c.name == name), None)
+
+
+def yardstick(root: Path, loaded) -> tuple[list[str], dict]:
+    """What each cell was judged with (workflows/judge.py): the calibration records under
+    calibration/ (each named by where its healthy repeats came from), and per cell the
+    calibration it used (or `uncalibrated`, on the documented defaults) and the reference of each
+    verdict: the warm serial baseline (diff.json) and the cold reference (diff-cold.json).
+    Returns (the page's lines, summary.json's `yardstick`). A run from before the judged matrix
+    has neither: said, not guessed."""
+    from tracekit.calibration import read_calibration
+    from tracekit.errors import TracekitError
+
+    cals = {}
+    for p in sorted((Path(root) / "calibration").glob("*.json")):
+        rel = p.relative_to(root).as_posix()
+        try:
+            cals[rel] = read_calibration(p).describe()
+        except TracekitError as e:
+            cals[rel] = f"unreadable: {e}"
+    cells, rows = {}, []
+    for lc in loaded:
+        rec = lc.record
+        cal, cold = _check(rec, "calibration"), _check(rec, "cold_reference")
+        used = cal.evidence.get("calibration") if cal is not None else None
+        said = (cal.evidence.get("said") if cal is not None else None) or "not judged (a run from before calibration)"
+        cells[rec.cell.id] = {
+            "calibration": used,
+            "said": said,
+            "run_level": None if cal is None else cal.status,
+            "references": ["warm serial"] + (["cold"] if cold is not None and cold.status != "skip" else []),
+            "cold_reference": None if cold is None else cold.status,
+        }
+        ref = "warm serial" + (
+            f" + cold ({cold.status})"
+            if cold is not None and cold.status != "skip"
+            else (f" (cold: skip, {cold.summary})" if cold is not None else "")
+        )
+        rows.append([rec.cell.id, used or "uncalibrated", "—" if cal is None else cal.status, ref, said.split(" (")[0]])
+    if not cals and not any(c["run_level"] for c in cells.values()):
+        return [], {"calibrations": {}, "cells": cells}
+    from tabulate import tabulate
+
+    lines = ["### Yardstick: calibration and references", ""]
+    lines += [f"- `{rel}`: {d}" for rel, d in cals.items()] or ["- no calibration record: every cell uncalibrated"]
+    lines += [
+        "",
+        "Each cell's burst is judged against the warm serial baseline (`diff.json`) and, with the prefix cache "
+        "on, against the cold reference (`diff-cold.json`: the same prompts serially, the cache reset before each "
+        "request), with the calibration below (the run-level flip test: `run-level`); `uncalibrated` cells use the "
+        "documented default tolerances (docs/analysis.md).",
+        "",
+        tabulate(rows, headers=["cell", "calibration", "run-level", "references", "judged with"], tablefmt="github"),
+        "",
+    ]
+    return lines, {"calibrations": cals, "cells": cells}

@@ -85,6 +85,23 @@ def first_difference(a: TokenColumns, b: TokenColumns) -> int | None:
     return n if len(a) != len(b) else None
 
 
+def first_divergent_key(a_path: str, b_path: str, a_select: str | None = None, b_select: str | None = None) -> str:
+    """The first key, in A's order, whose token ids differ between A and B (`show --first-divergent`:
+    a tour's example must show a flip, not whichever key happens to come first)."""
+    with TraceReader(a_path) as ra, TraceReader(b_path) as rb:
+        keys_b = set(rb.requests.key.tolist())
+        for key in dict.fromkeys(ra.requests.key.tolist()):
+            if key not in keys_b:
+                continue
+            try:
+                ta, tb = _tokens(ra, _row_of(ra, key, a_select)), _tokens(rb, _row_of(rb, key, b_select))
+            except ConfigError:  # not in the selection
+                continue
+            if first_difference(ta, tb) is not None:
+                return str(key)
+    raise ConfigError(f"{a_path} vs {b_path}: no key diverges (every common key has the same token ids)")
+
+
 def drill(
     a_path: str,
     b_path: str | None,

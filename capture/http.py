@@ -63,6 +63,11 @@ class CaptureConfig:
     wait_ready_s: float = 0.0  # wait this long for an engine still loading (503) or not listening yet
     cache_prompt: bool | None = None  # llama.cpp's per-request cache_prompt; None: not sent (the server decides)
     eos_token_ids: tuple[int, ...] = ()  # EOS ids given as is (a matrix target's); the engine's report wins
+    # A cold reference (the matrix runner): POST this route (e.g. `tracekit serve`'s and vLLM's
+    # /reset_prefix_cache) before every request, so that each one meets an empty prefix cache.
+    # Concurrency 1 only; checked once before the first request (an engine that does not empty
+    # its cache there is a ConfigError), a later failure is a pitfall of the run.
+    reset_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,8 @@ def run_capture(cfg: CaptureConfig) -> CaptureSummary:
     ]
     if bad:  # name only the options that are wrong
         raise UsageError("; ".join(bad))
+    if cfg.reset_path and cfg.concurrency != 1:
+        raise ConfigError("a cold capture (reset_path) runs one request at a time: concurrency must be 1")
     if cfg.dialect != "auto":
         dialects.get(cfg.dialect)
     return asyncio.run(_run(cfg))
@@ -250,6 +257,11 @@ async def _run(cfg: CaptureConfig) -> CaptureSummary:
     out = Path(cfg.out)
     async with make_session(cfg.concurrency, cfg.timeout_s, api_key) as session:
         pr, specs, run, known_ids = await _setup(session, base, cfg, specs, len(prompts), rate)
+        why = await reset_cache(session, base, cfg.reset_path) if cfg.reset_path else None
+        if why is not None:
+            raise ConfigError(
+                f"{base}: POST {cfg.reset_path} did not empty the prefix cache ({why}); a cold reference needs it"
+            )
         resume.check(out, cfg.resume, cfg.top_logprobs, run)
         pitfalls = Pitfalls()
         at_start(specs, run, pr.engine_kind, pitfalls)
@@ -304,6 +316,16 @@ async def _setup(session, base: str, cfg: CaptureConfig, specs: list[RequestSpec
     return pr, specs, run, known_ids
 
 
+async def reset_cache(session, base: str, path: str) -> str | None:
+    """POST base+path (a prefix-cache reset); None when it answered 2xx, else what went wrong."""
+    try:
+        async with session.post(base + path) as r:
+            body = await r.text()
+            return None if 200 <= r.status < 300 else f"HTTP {r.status}: {body[:120]}"
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
 async def _tgi_top_n(session, base: str, k: int) -> None:
     """TGI refuses top_n_tokens above its --max-top-n-tokens and never says the limit: ask once
     (dialects/tgi.py: top_n_probe), so a too large --top-logprobs stops here, not in every row."""
@@ -338,6 +360,10 @@ async def _send_all(
         if at > 0:
             await asyncio.sleep(max(0.0, at - clock()))
         async with sem:
+            if cfg.reset_path:  # a cold reference: every request meets an empty prefix cache
+                why = await reset_cache(session, base, cfg.reset_path)
+                if why is not None:
+                    post.warn("cold_reset_failed", f"POST {cfg.reset_path} failed before {spec.key}: {why}")
             ids = known_ids.get(spec.prompt) if isinstance(spec.prompt, str) else None  # text prompts' ids
             outcome, acc = await send(session, base, dialect, spec, clock, started, ids)
         outcome = post(finish(outcome, acc, k, raw, mapper), spec)

@@ -4,6 +4,7 @@ Parses the options and prints; the work is `tracekit.workflows.explain`."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 from pathlib import Path
@@ -76,13 +77,21 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
     trace rows under --out, and name the factor that reproduces B's token.
     With a `tracekit run` directory instead of A and B, every cell with divergent
     pairs (serial baseline = A, burst = B), traces under DIR/cells/<id>/explain/.
-    Exit 0 when every pair has a numeric cause, 1 when some pair is not
-    reproduced (report it as a bug) or unresolved. Each URL's self-report is checked against
-    A's and B's run metadata first (model, dtype, slots, prefix cache, family): a mismatch stops
-    with one line unless --allow-engine-mismatch; the URL and the report go into explain.json."""
+    With --calibration (a run directory: the calibration the run judged each
+    cell with), "numeric" means within this engine's measured noise, and a
+    benign pair no run tipped at a gap the healthy repeats flip at is
+    `calibrated_noise`, not a bug. Exit 0 when every pair has a cause (a
+    numeric variant, or the calibrated noise), 1 when some pair's line says
+    `bug` ("report as a bug", LOUD when its class was benign) or `unresolved`;
+    `tracekit demo` exits 1 on the same lines. Each URL's self-report is checked
+    against A's and B's run metadata first (model, dtype, slots, prefix cache,
+    family): a mismatch stops with one line unless --allow-engine-mismatch; the
+    URL and the report go into explain.json."""
     from tracekit.analyze.explain_report import markdown as md
     from tracekit.analyze.explain_report import text
+    from tracekit.rundir import RunDir
     from tracekit.workflows.explain import ExplainOptions, explain_files, log, run_dir_cells
+    from tracekit.workflows.judge import cell_calibration
 
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
@@ -104,9 +113,12 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
         jobs = [(None, a, b, Path(out or f"explain-{stamp}"))]
     results = []
     for cid, ja, jb, root in jobs:
+        co = o
         if cid is not None:
             log(f"explain: cell {cid}")
-        results.append((cid, root, explain_files(ja, jb, root, o, chosen)))
+            # the calibration the run judged the cell with (`tracekit run`/`demo`), unless --calibration
+            co = dataclasses.replace(o, calibration=o.calibration or cell_calibration(RunDir(a), cid))
+        results.append((cid, root, explain_files(ja, jb, root, co, chosen)))
     if as_json:
         docs = [r.to_json() | ({"cell": cid} if cid else {}) for cid, _, r in results]
         doc = docs[0] if len(jobs) == 1 and jobs[0][0] is None else {"schema": "tracekit.explain-run/1", "cells": docs}

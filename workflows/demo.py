@@ -2,16 +2,21 @@
 
 Runs fixtures/matrix/demo.toml (the reference engine with the tiny fixture model; FP32
 and BF16 with prefix reuse; serial baseline vs concurrent bursts; the same engine with
---batch-invariant in BF16) with the teacher-forced replay of every divergent key, then
-explains every cell with divergent pairs against fresh engines of the cell's
-configuration and of the target's deterministic and FP32 variants (started here on
-127.0.0.1, stopped after), writes the report and returns the evidence page (also kept
-as DIR/report/demo_stdout.txt).
+--batch-invariant in BF16) with the teacher-forced replay of every divergent key. The run
+calibrates itself (workflows/judge.py): each engine configuration's calibration from a
+repeat of its bursts (calibration/<engine>.json), every cell judged with it, against the
+warm serial baseline, the cold reference (prefix cache reset before each request) and,
+where the replay ran, its FP32 rows. Then it explains every cell with divergent pairs
+against fresh engines of the cell's configuration and of the target's deterministic and
+FP32 variants (started here on 127.0.0.1, stopped after) with the cell's calibration,
+writes the report and returns the evidence page (also kept as DIR/report/demo_stdout.txt).
 
 The verdict is ok when it ran, the FP32 controls and the deterministic cells are N/N
-identical and every cell passes: BF16 divergences are the expected finding, not a
-failure; a LOUD pair (classed benign, reproduced by no variant in the sampled runs) is
-printed loudly but does not fail the demo.
+identical, every cell passes (its checks include the run-level calibration test and the
+cold reference) and explain gives every pair a cause: BF16 divergences are the expected
+finding, not a failure; a pair explain calls `bug` or `unresolved` fails the demo, as it
+makes `tracekit explain` exit 1 (a near-tie no sampled run tipped, at a gap the healthy
+repeats flip at, is `calibrated_noise`).
 """
 
 from __future__ import annotations

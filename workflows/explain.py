@@ -21,6 +21,8 @@ from tracekit.capture.explain import ReplayConfig, VariantConfig, identity, plan
 from tracekit.capture.explain.engines import start_configs
 from tracekit.rundir import RunDir, write_explain
 
+from .judge import cell_calibration
+
 
 @dataclass(frozen=True)
 class ExplainOptions:
@@ -109,7 +111,8 @@ def _run(a, b, pairs, root: Path, o: ExplainOptions):
 def explain_run_cells(root: Path, m, o: ExplainOptions, only: list[str] | None = None, teacher: bool = True):
     """Explain every divergent cell of a `tracekit run` directory on engines started here from the
     matrix `m`: per engine configuration, a fresh engine of the cell's own configuration and the
-    target's named variants (deterministic, FP32; capture/explain/engines.py), and with `teacher`
+    target's named variants (deterministic, FP32; capture/explain/engines.py), judged with the
+    calibration the run judged the cell with (`o.calibration` when given), and with `teacher`
     the teacher-forced replay on the target's model (`o.model_dir`, else the target's). Traces and
     explain.json under DIR/cells/<id>/explain/ (RunDir.explain_dir); engine logs under DIR/engines/explain/.
     Returns ([(cell id, ExplainResult)], the engines' records)."""
@@ -127,6 +130,8 @@ def explain_run_cells(root: Path, m, o: ExplainOptions, only: list[str] | None =
                 log(f"explain: cell {cell.id}")
                 co = dataclasses.replace(
                     o,
+                    # the calibration the run judged the cell with (workflows/judge.py), unless one was given
+                    calibration=o.calibration or cell_calibration(rd, cell.id),
                     url=eng.urls["engine"],
                     deterministic_url=eng.urls.get("deterministic"),
                     fp32_url=eng.urls.get("fp32"),

@@ -1,9 +1,11 @@
 """`run(matrix, out)`: a whole matrix run as one library call (`tracekit run`, `tracekit demo`).
 
-Captures every cell (tracekit.capture.matrix.cells), diffs each cell's burst against its
-serial baseline (tracekit.analyze), optionally replays the divergent keys through the
-teacher-forced diagnostic (tracekit.capture.teacher) and diffs again with that cross-check,
-then hashes DIR into the manifest. Returns the run as read back from DIR. The report
+Captures every cell (tracekit.capture.matrix.cells), measures each healthy engine
+configuration's calibration from its repeats, diffs each cell's burst against its serial
+baseline with that calibration (tracekit.analyze; workflows/judge.py), optionally replays the
+divergent keys through the teacher-forced diagnostic (tracekit.capture.teacher) and diffs again
+with that cross-check and its FP32 rows as the reference, judges the burst against the cold
+reference, then hashes DIR into the manifest. Returns the run as read back from DIR. The report
 (`tracekit report`) is a separate step.
 """
 
@@ -21,6 +23,8 @@ from tracekit.capture.matrix.spec import Matrix
 from tracekit.errors import TracekitError
 from tracekit.rundir import CellRecord, DiffRef, LoadedCell, Manifest, RunDir, TeacherRef, now_utc, read_diff
 from tracekit.runinfo import command_line, git_commit, host_info
+
+from .judge import Yardstick, calibrate_engines, diff_doc, judge_cell, yardstick
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,16 @@ class RunResult:
         return not self.failed_cells
 
 
-def _diff(rd: RunDir, r: CellRecord, teacher: Path | None = None) -> DiffRef:
+def _diff(
+    rd: RunDir, r: CellRecord, teacher: Path | None = None, ys: Yardstick | None = None, reference: bool = False
+) -> DiffRef:
     if r.baseline is None or r.burst is None:
         return DiffRef(None, "no diff: a capture failed (see its checks)")
     try:
-        doc = diff_document(rd.path(r.baseline), rd.path(r.burst), teacher)
+        if ys is None:
+            doc = diff_document(rd.path(r.baseline), rd.path(r.burst), teacher)
+        else:  # judged with the cell's calibration (and the FP32 teacher-forced replay as the reference)
+            doc = diff_doc(rd.path(r.baseline), rd.path(r.burst), ys, teacher, reference)
         return rd.write_diff(r.cell.id, doc, r.baseline, r.burst)
     except TracekitError as e:
         return DiffRef(None, f"diff failed: {e}")
@@ -83,7 +92,7 @@ def side_histories(histories: str, pairs) -> tuple[str, list[str]]:
     return out, said
 
 
-def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan) -> CellRecord:
+def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, ys: Yardstick | None = None) -> CellRecord:
     """Replay the cell's divergent keys, then diff again with the cross-check."""
     if r.diff.path is None or m.target(r.cell.target).kind != "tracekit":
         return r
@@ -105,7 +114,8 @@ def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan) -> CellRec
     s = run_diagnostic(cfg, seqs, str(rd.path(ref.trace)), extra_run={"from": r.baseline})
     for line in s.skipped:
         log(f"  not replayed: {line}")
-    return dataclasses.replace(r, diff=_diff(rd, r, rd.path(ref.trace)), teacher=ref)
+    fp32 = "fp32" in plan.dtypes.replace(" ", "").split(",")  # the reference: the replay's FP32 `full` rows
+    return dataclasses.replace(r, diff=_diff(rd, r, rd.path(ref.trace), ys, reference=fp32), teacher=ref)
 
 
 def run(m: Matrix, out: str | os.PathLike, *, teacher: TeacherPlan | None = None, argv=None) -> RunResult:
@@ -116,11 +126,14 @@ def run(m: Matrix, out: str | os.PathLike, *, teacher: TeacherPlan | None = None
     rd = RunDir.create(out, m.text)
     started = now_utc()
     records, engines = run_matrix(m, rd)
+    cals = calibrate_engines(rd, m, records)  # from the healthy targets' calibration repeats (judge.py)
     done = []
     for r in records:
-        r = dataclasses.replace(r, diff=_diff(rd, r))
+        ys = yardstick(m, r.cell, cals)
+        r = dataclasses.replace(r, diff=_diff(rd, r, ys=ys))
         if teacher is not None:
-            r = _teacher(rd, m, r, teacher)
+            r = _teacher(rd, m, r, teacher, ys)
+        r = judge_cell(rd, r, ys)  # the `calibration` and `cold_reference` checks
         rd.write_cell(r)
         done.append(r)
     man = Manifest(

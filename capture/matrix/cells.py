@@ -10,6 +10,7 @@ The diff of each cell is not computed here: `run.py` does it after the captures.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from itertools import groupby
@@ -30,7 +31,7 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode: str):
+def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode: str, reset_path: str = ""):
     """One capture; returns (table or None, error text, planned request count, the engine's
     prefix-cache counters around it as the capture recorded them, or None)."""
     s = m.settings
@@ -51,6 +52,7 @@ def _capture(m: Matrix, url: str, cell: Cell, out: Path, concurrency: int, mode:
         tokenizer=m.target(cell.target).tokenizer,
         eos_token_ids=m.target(cell.target).eos_token_ids,
         progress=False,
+        reset_path=reset_path,
         run_meta={
             "cache": "on" if cell.prefix_cache else "off",
             "dtype": cell.dtype,
@@ -143,6 +145,39 @@ def _run_cell(m: Matrix, eng, cell: Cell, rd: RunDir, base_table, base_err: str,
     return out
 
 
+def _after_group(m: Matrix, url: str, t, cells: list[CellRecord], rd: RunDir) -> list[CellRecord]:
+    """After a group's cells (their bursts and checks, so that they met the cache the serial
+    baseline left): the calibration repeats of a healthy target (the group's burst once more at
+    each concurrency, `calibration_repeats` times) and, with the prefix cache on, the cold
+    reference (serially, the cache reset before each request). A cold reference that cannot be
+    captured is a check of each cell (skip or fail, with the reason); the judging is run.py's."""
+    first = cells[0].cell
+    gid, s = first.group_id, m.settings
+    if t.calibrate and s.calibration_repeats:
+        for c in sorted({r.cell.concurrency for r in cells}):
+            for k in range(1, s.calibration_repeats + 1):
+                table, err, _, _ = _capture(m, url, first, rd.path(rd.repeat_rel(gid, c, k)), c, "repeat")
+                log(f"  {gid}: calibration repeat c{c} #{k} {'ok' if table is not None else 'FAILED: ' + err}")
+    why = None
+    if not first.prefix_cache:
+        why = ("skip", "prefix cache off: the serial baseline is itself cold")
+    elif not s.cold_reference:
+        why = ("skip", "cold reference off in the matrix ([run] cold_reference = false)")
+    elif not t.reset_path:
+        why = ("skip", f"target {t.name} names no reset_path (a route that empties its prefix cache)")
+    else:
+        table, err, _, _ = _capture(m, url, first, rd.path(rd.cold_rel(gid)), 1, "cold", t.reset_path)
+        log(f"  {gid}: cold reference {'ok' if table is not None else 'FAILED: ' + err}")
+        if table is None:
+            why = ("fail", f"cold reference not captured: {err}"[:500])
+    if why is None:
+        return cells
+    out = [dataclasses.replace(r, checks=(*r.checks, Check("cold_reference", *why))) for r in cells]
+    for r in out:
+        rd.write_cell(r)
+    return out
+
+
 def _failed_cells(cells: list[Cell], rd: RunDir, why: str) -> list[CellRecord]:
     outs = [CellRecord(c, None, None, (Check("engine_start", "fail", why[:500]),)) for c in cells]
     for o in outs:
@@ -167,7 +202,8 @@ def _run_engine(m: Matrix, cells: list[Cell], rd: RunDir) -> tuple[list[CellReco
             serial = rd.path(rd.serial_rel(gid))
             base, err, planned, _ = _capture(m, eng.url, group[0], serial, 1, "serial")
             log(f"  {gid}: serial baseline {'ok' if base is not None else 'FAILED: ' + err}")
-            outs += [_run_cell(m, eng, c, rd, base, err, planned) for c in group]
+            cells_ = [_run_cell(m, eng, c, rd, base, err, planned) for c in group]
+            outs += _after_group(m, eng.url, t, cells_, rd) if base is not None else cells_
     finally:
         exit_code = eng.stop()
         rec = eng.record(t, exit_code)

@@ -31,6 +31,8 @@ RUN_KEYS = {
     "ready_timeout_s": (int, float),
     "repeats": int,
     "stream": bool,
+    "calibration_repeats": int,
+    "cold_reference": bool,
 }
 CHECK_KEYS = {"cancel_streams": int, "cancel_after_tokens": int, "drain_timeout_s": (int, float)}
 TARGET_KEYS = {
@@ -48,6 +50,8 @@ TARGET_KEYS = {
     "variants",
     "tokenizer",
     "eos_token_ids",
+    "calibrate",
+    "reset_path",
     *AXES,
 }
 # The other configurations of a target that `tracekit explain` reruns a flip on (docs/explain.md).
@@ -93,6 +97,10 @@ class Target:
     # tokenizer directory (token strings -> ids, and EOS ids from its files) and EOS ids given as is.
     tokenizer: str | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # May this target's repeats calibrate the yardstick (docs/runner.md, "Calibration")? Default:
+    # yes, except a `serve` target with an injected fault: a calibration of a broken engine excuses its bug.
+    calibrate: bool = True
+    reset_path: str = ""  # POST route that empties the prefix cache (the cold reference); "" = none
 
     def variant(self, name: str, dtype: str) -> tuple["Target", str] | None:
         """(the target of its `name` configuration, that configuration's dtype) for a cell in
@@ -141,6 +149,8 @@ class Settings:
     cancel_streams: int = 0  # 0: min(concurrency, prompts)
     cancel_after_tokens: int = 4  # disconnect after this many streamed tokens
     drain_timeout_s: float = 15.0
+    calibration_repeats: int = 1  # repeat bursts per concurrency level of each group, for the calibration (0: none)
+    cold_reference: bool = True  # per group a serial capture with the prefix cache reset before each request
 
 
 @dataclass(frozen=True)
@@ -253,6 +263,8 @@ def _target(where: str, t: dict, base: Path) -> Target:
         _api_key_env(where, name, t),
         _variants(f"{where} ({name})", kind, t.get("variants", {})),
         *_model_facts(f"{where} ({name})", kind, t, base),
+        _typed(f"{where} ({name})", "calibrate", t.get("calibrate", "--inject-fault" not in args), bool),
+        _reset_path(f"{where} ({name})", t.get("reset_path", "/reset_prefix_cache" if kind == "tracekit" else "")),
     )
 
 
@@ -274,6 +286,12 @@ def _model_facts(where: str, kind: str, t: dict, base: Path) -> tuple[str | None
     if not isinstance(eos, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
         raise ConfigError(f"{where}: 'eos_token_ids' must be a list of token ids (integers >= 0), got {eos!r}")
     return (str(tok) if tok else None), tuple(eos)
+
+
+def _reset_path(where: str, v) -> str:
+    if not isinstance(v, str) or (v and not v.startswith("/")):
+        raise ConfigError(f"{where}: 'reset_path' must be a route starting with '/' (e.g. /reset_prefix_cache) or \"\"")
+    return v
 
 
 def _variants(where: str, kind: str, doc) -> dict:
@@ -324,6 +342,8 @@ def _settings(where: str, doc: dict) -> Settings:
     s = Settings(**vals)
     if s.repeats < 1 or s.top_logprobs < 0 or s.timeout_s <= 0 or s.cancel_after_tokens < 1:
         raise ConfigError(f"{where}: repeats and cancel_after_tokens must be >= 1, top_logprobs >= 0, timeout_s > 0")
+    if s.calibration_repeats < 0:
+        raise ConfigError(f"{where} [run]: calibration_repeats must be >= 0 (0: no calibration)")
     return s
 
 

@@ -247,3 +247,46 @@ def test_the_numeric_bound_comes_from_the_calibration(tmp_path, ab):
     assert plain.kind == "bug"  # 1.19 nats of drift: not numeric on the 0.5-nat default
     assert r.pairs[0].kind == "batch_composition" and r.drift_nats == 3.0
     assert any("numeric bound 3 nats, measured: calibration deep" in n for n in r.notes)
+
+
+def _flip_calibration(max_gap_nats: float, flips: int = 3):
+    from tracekit.calibration import NATS_EDGES, Calibration, GapBins
+
+    n = len(NATS_EDGES) - 1
+    fl = tuple(flips if NATS_EDGES[i] <= max_gap_nats < NATS_EDGES[i + 1] else 0 for i in range(n))
+    return Calibration(
+        "healthy-repeats", "bf16", {}, 40, GapBins("nats", NATS_EDGES, (100,) * n, fl), None,
+        {"p100": 0.05}, {"p100": 0.01}, max_gap_nats, None,
+    )  # fmt: skip
+
+
+def test_a_near_tie_within_the_calibrated_noise_is_not_a_bug(tmp_path, ab):
+    """Issue 24 item 13: a benign pair no sampled run tipped, at a gap this healthy engine's repeats
+    flip at, is the engine's calibrated noise (ok), not "report as a bug"; uncalibrated it stays LOUD.
+    Outside the calibrated flips (a larger gap, or a calibration without flips) nothing is excused."""
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", **_as_a(3))  # B's token in no run: not reproduced
+    v = write(tmp_path / "v.h5", rows)
+    pair = {**PAIR, "gap_a": 0.02, "gap_a_ulp": None, "dtype_a": "bf16"}
+    plain = explain(*ab, [pair], [v], None, {"p": 3}).pairs[0]
+    assert plain.kind == "bug" and plain.loud and not plain.ok
+    r = explain(*ab, [pair], [v], None, {"p": 3}, calibration=_flip_calibration(0.025)).pairs[0]
+    assert r.kind == "calibrated_noise" and r.ok and not r.loud
+    assert r.cause.startswith(
+        "cause: this engine's calibrated noise — A's top-2 gap at t 0.02 nats, within the healthy flips of "
+        "calibration healthy-repeats (up to 0.03 nats; 3 flips in 40 healthy pairs)"
+    )
+    assert "report as a bug" not in r.cause
+    for cal in (_flip_calibration(0.005), _flip_calibration(0.025, flips=0)):
+        assert explain(*ab, [pair], [v], None, {"p": 3}, calibration=cal).pairs[0].kind == "bug"
+
+
+def test_a_different_computation_is_never_calibrated_noise(tmp_path, ab):
+    """B's token back with 2.5 nats of drift before t (a corrupted block): within the calibrated gap
+    or not, still a bug."""
+    rows = runs("p", "alone:cold", **_as_a(3))
+    rows += runs("p", "warm:32", cached=32, token_seqs=[[5, 6, 9]] * 3, near=NEAR_B, lps=[-2.5, -0.01, -0.7])
+    v = write(tmp_path / "v.h5", rows)
+    pair = {**PAIR, "gap_a": 0.02, "gap_a_ulp": None, "dtype_a": "bf16"}
+    r = explain(*ab, [pair], [v], None, {"p": 3}, calibration=_flip_calibration(0.025)).pairs[0]
+    assert r.kind == "bug" and r.loud

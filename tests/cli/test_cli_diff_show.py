@@ -163,6 +163,19 @@ def test_show_side_by_side(files):
     assert p.returncode == 3 and "tokenizer.json" in p.stderr
 
 
+def test_show_first_divergent_finds_the_flip_itself(files):
+    """Issue 24 item 16: the tour's example shows a flip, not whichever key comes first ("same"
+    is A's first key and has none)."""
+    a, b, _ = files
+    d = json.loads(tk("show", a, b, "--first-divergent", "--context", "1", "--json").stdout)
+    assert d["key"] == "tie" and d["first_difference"] == 2 and d["position"] == 2
+    p = tk("show", a, a, "--first-divergent")
+    assert p.returncode == 3 and "no key diverges" in p.stderr
+    for args in ((a, "--first-divergent"), (a, b, "--key", "tie", "--first-divergent"), (a, b)):
+        p = tk("show", *args)
+        assert p.returncode == 2 and "--first-divergent" in p.stderr, (args, p.stderr)
+
+
 def test_assert_equivalent(files):
     a, b, ok = files
     r = assert_equivalent(a, ok, allow={"bf16_tie_flip", "post_eos"})

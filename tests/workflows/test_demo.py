@@ -55,6 +55,25 @@ def test_verdict_fails_when_the_deterministic_configuration_flips():
     assert not v.ok and v.lines[2].startswith("FAIL: the deterministic configuration (ref-bi, --batch-invariant)")
 
 
+def test_verdict_fails_on_a_pair_explain_calls_a_bug_as_explain_exits_1():
+    """Issue 24 item 13: the demo and `tracekit explain` agree on what a `bug` line means for the
+    exit code: explain exits 1 on it, so the demo fails on it; `calibrated_noise` is a cause."""
+    from tracekit.analyze.explain_cells import CellCauses
+
+    cell = Cell("ref", "bf16", True, "p", 32, 8)
+    rows = [_row("fp32", 8), _row("bf16", 6, flips=2)]
+
+    def causes(*kinds):
+        pairs = [{"key": f"k{i}", "kind": k, "loud": k == "bug", "cause": k} for i, k in enumerate(kinds)]
+        return [CellCauses(cell, {"pairs": pairs})]
+
+    assert demo_verdict(rows, causes=causes("batch_composition", "calibrated_noise")).ok
+    v = demo_verdict(rows, causes=causes("batch_composition", "bug"))
+    assert not v.ok and v.lines[-1].startswith("FAIL: 1 explained pair(s) with no cause")
+    assert "ref.bf16.cache-on.p.out32.c8:k1 (bug)" in v.lines[-1] and "`tracekit explain` exits 1" in v.lines[-1]
+    assert not demo_verdict(rows, causes=causes("unresolved")).ok
+
+
 def _pair(key: str, a: int | None, b: int | None) -> PairEvidence:
     return PairEvidence(key, "bf16_tie_flip", 5, 1, 2, 0.0, 0.0, 0.0, 1.0, a, b, 0.0, "tie", None)
 
@@ -109,5 +128,21 @@ def test_demo_end_to_end(tmp_path):
     md = (out / "report" / "report.md").read_text()
     assert "### Cause of each flip" in md and all(f"| {k} " in md for _, k in div)
     assert all(q in man.files for c, _ in div for q in [f"cells/{c}/explain/variants-engine.h5"])
+    # Issue 22 / 24 item 13: the run calibrated itself on healthy repeats and judged every cell with
+    # it and against the cold reference; no healthy pair of the demo is reported as a bug.
+    assert "report as a bug" not in p.stdout and "LOUD" not in p.stdout
+    assert all(q["kind"] != "bug" and not q["loud"] for c in doc["explain"]["cells"] for q in c["pairs"])
+    cals = sorted(x.name for x in (out / "calibration").iterdir())
+    assert cals == ["ref-batch-invariant.bf16.cache-on.json", "ref.bf16.cache-on.json", "ref.fp32.cache-on.json"]
+    assert "Yardstick: calibration and references" in p.stdout and "calibration/ref.bf16.cache-on.json" in p.stdout
+    for c in cells:
+        checks = {k.name: k for k in c.record.checks}
+        assert checks["calibration"].status == "pass", checks["calibration"].summary
+        assert checks["calibration"].evidence["calibration"] == f"calibration/{c.cell.engine_id}.json"
+        assert checks["cold_reference"].status == "pass", checks["cold_reference"].summary
+        assert f"cells/{c.cell.id}/diff-cold.json" in man.files
+    for c in doc["explain"]["cells"]:  # explain used the cell's calibration, not the 0.5-nat default
+        ex = json.loads((out / "cells" / c["id"] / "explain" / "explain.json").read_text())
+        assert any("measured: calibration ref.bf16.cache-on" in n for n in ex["notes"]), ex["notes"]
     # What the README promises: the demo's stdout kept beside the report.
     assert (out / "report" / "demo_stdout.txt").read_text() == p.stdout

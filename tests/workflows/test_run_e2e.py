@@ -63,8 +63,13 @@ def test_report_flags_the_faulty_cell_and_passes_the_healthy_ones(run_dir):
             "cancel_drain",
             "cancel_then_match",
             "bad_request",
+            "calibration",  # the run-level flip test against this engine's calibration (workflows/judge.py)
+            "cold_reference",  # the burst against the cold reference: cache on only (off: the baseline is cold)
         }
-        assert all(v == "pass" for v in c["checks"].values()), c["checks"]
+        assert all(v == "pass" for k, v in c["checks"].items() if k != "cold_reference"), c["checks"]
+        assert c["checks"]["cold_reference"] == ("pass" if c["prefix_cache"] else "skip"), c["checks"]
+        engine = f"{c['target']}.{c['dtype']}.cache-{'on' if c['prefix_cache'] else 'off'}"
+        assert doc["yardstick"]["cells"][cid]["calibration"] == f"calibration/{engine}.json"
         assert c["classes"]["unexplained"] == c["classes"]["incomparable"] == 0
         if c["dtype"] == "fp32":  # FP32 controls: serial == concurrent, N/N
             assert c["equality"] == "8/8", c
@@ -75,7 +80,14 @@ def test_report_flags_the_faulty_cell_and_passes_the_healthy_ones(run_dir):
         assert reuse["counters"]["family"] == "tracekit" and reuse["cached_reported"] == 8, reuse
         assert (reuse["counters"]["hits_delta"] > 0) == (c["prefix_cache"] and reuse["reused"] > 0)
         assert c["pitfalls"] == []
+    # the fault target never calibrates: its cell borrows the healthy FP32 cache-on engine's record
+    assert sorted(doc["yardstick"]["calibrations"]) == [
+        f"calibration/ref.{d}.cache-{c}.json" for d in ("bf16", "fp32") for c in ("off", "on")
+    ]
+    assert doc["yardstick"]["cells"][FAULT]["calibration"] == "calibration/ref.fp32.cache-on.json"
+    assert "borrowed" in doc["yardstick"]["cells"][FAULT]["said"]
     md = (run_dir / "report" / "report.md").read_text()
+    assert "### Yardstick: calibration and references" in md
     assert f"**{FAULT}**" in md and "**FAIL**" in md and "8/9 cells pass" in md
 
 

@@ -73,6 +73,26 @@ class RunDir:
         return f"cells/{cell_id}/burst.h5"
 
     @staticmethod
+    def repeat_rel(group_id: str, concurrency: int, r: int) -> str:
+        """A calibration repeat: the group's burst at this concurrency once more (healthy targets only)."""
+        return f"groups/{group_id}/repeat-c{concurrency}-{r}.h5"
+
+    @staticmethod
+    def cold_rel(group_id: str) -> str:
+        """The cold reference: the group's prompts serially, the prefix cache reset before each request."""
+        return f"groups/{group_id}/cold.h5"
+
+    @staticmethod
+    def cold_diff_rel(cell_id: str) -> str:
+        """The cell's burst judged against the cold reference (a tracekit.diff document)."""
+        return f"cells/{cell_id}/diff-cold.json"
+
+    @staticmethod
+    def calibration_rel(engine_id: str) -> str:
+        """The tracekit.calibration record measured on this engine configuration's repeats."""
+        return f"calibration/{engine_id}.json"
+
+    @staticmethod
     def diff_rel(cell_id: str) -> str:
         return f"cells/{cell_id}/diff.json"
 
@@ -139,9 +159,10 @@ class RunDir:
             },
         )
 
-    def write_diff(self, cell_id: str, doc: dict, a: str, b: str) -> DiffRef:
-        """Store a tracekit.diff document (its trace paths made relative to DIR)."""
-        rel = self.diff_rel(cell_id)
+    def write_diff(self, cell_id: str, doc: dict, a: str, b: str, cold: bool = False) -> DiffRef:
+        """Store a tracekit.diff document (its trace paths made relative to DIR): the cell's diff.json,
+        or with `cold` its diff against the cold reference (diff-cold.json)."""
+        rel = self.cold_diff_rel(cell_id) if cold else self.diff_rel(cell_id)
         write_json(self.root / rel, {**doc, "a": a, "b": b})
         return DiffRef(rel, None)
 
