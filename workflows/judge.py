@@ -105,9 +105,9 @@ def yardstick(m: Matrix, cell: Cell, cals: dict[str, Yardstick]) -> Yardstick:
             "" if m.settings.calibration_repeats else " ([run] calibration_repeats = 0)"
         )
         return Yardstick(None, None, f"{UNCALIBRATED}: {why}")
-    for engine_id, ys in cals.items():
-        other = engine_id.split(".")
-        if other[0] != t.name and other[1:] == cell.engine_id.split(".")[1:]:
+    for o in m.targets:  # the first healthy target, in matrix order, of the same dtype and cache setting
+        ys = cals.get(dataclasses.replace(cell, target=o.name).engine_id) if o.name != t.name else None
+        if ys is not None:
             return Yardstick(
                 ys.calibration,
                 ys.path,

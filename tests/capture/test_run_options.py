@@ -214,3 +214,14 @@ def test_an_engine_without_metrics_records_why(capture_to):
         c = r.meta.run["prefix_cache_counters"]
     assert c == {"family": None, "hits_delta": None, "queries_delta": None, "why": "the engine serves no /metrics"}
     assert s.as_dict()["prefix_cache_counters"] == c
+
+
+def test_a_cold_capture_needs_a_working_reset_route_and_runs_one_at_a_time(capture_to, tmp_path):
+    """The matrix's cold reference (CaptureConfig.reset_path): an engine that does not empty its
+    prefix cache at the route stops the capture before any file exists; concurrency must be 1."""
+    with pytest.raises(ConfigError, match="concurrency must be 1"):
+        capture_to("http://127.0.0.1:9", [{"id": "a", "prompt": "x"}], concurrency=4, reset_path="/reset_prefix_cache")
+    with ReplayServer(routes_for("vllm")) as srv:
+        with pytest.raises(ConfigError, match=r"POST /reset_prefix_cache did not empty the prefix cache \(HTTP 500"):
+            capture_to(srv.url, [{"id": "a", "prompt": "x"}], name="cold.h5", reset_path="/reset_prefix_cache")
+    assert not (tmp_path / "cold.h5").exists()

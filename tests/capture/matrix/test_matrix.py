@@ -44,6 +44,10 @@ def test_cpu_small_and_demo_parse():
     assert {c.dtype for c in demo.cells()} == {"fp32", "bf16"} and all(c.prefix_cache for c in demo.cells())
     # Relative paths are resolved against the matrix file, not the working directory.
     assert all(Path(p.path).is_file() for p in demo.prompt_sets)
+    # The yardstick (workflows/judge.py): a fault target never calibrates; serve targets reset their cache
+    assert small.target("ref").calibrate and not small.target("ref-fault").calibrate
+    assert small.target("ref").reset_path == "/reset_prefix_cache"
+    assert small.settings.calibration_repeats == 1 and small.settings.cold_reference
 
 
 BASE = """
@@ -90,6 +94,9 @@ def test_targets_that_are_not_serve_take_a_tokenizer_and_eos_ids(tmp_path):
         ("tokenizer = 'x'", "'tokenizer' and 'eos_token_ids' are for targets that are not 'serve'"),
         (URL_T + "tokenizer = 'nowhere'", "holds no tokenizer.json"),
         (URL_T + "eos_token_ids = ['2']", "'eos_token_ids' must be a list of token ids"),
+        ("[run]\ncalibration_repeats = -1", "calibration_repeats must be >= 0"),
+        ("[[target]]\nname = 'x'\nserve = []\nreset_path = 'flush'", "'reset_path' must be a route starting with '/'"),
+        ("[[target]]\nname = 'x'\nserve = []\ncalibrate = 'yes'", "'calibrate' must be a bool"),
     ],
 )
 def test_bad_matrix_errors_name_the_key(tmp_path, extra, needle):
