@@ -197,8 +197,19 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
             )
         )
     live = ", ".join(f"{c.b_numeric}/{c.n} {c.variant}" for c in eng.values())
+    at_b, at_a = teacher.get(_engine_history(bb, b_dtype)), teacher.get(_engine_history(ba, b_dtype))
+    if ba != bb and at_b == p["token_b"] and at_a == p["token_a"]:
+        return "cache_history", (
+            f"cause: cache history — the engine's own teacher-forced replay gives B's token at B's boundary "
+            f"{_where(bb)} and A's at A's {_where(ba)} (each boundary proven by the engine's report); "
+            f"no live variant reproduced it ({live or 'none ran'})"
+        )
     full = teacher.get(f"full {b_dtype}")
-    hits = [h for h, tok in teacher.items() if h.endswith(f" {b_dtype}") and not h.startswith("full ")]
+    hits = [
+        h
+        for h, tok in teacher.items()
+        if h.endswith(f" {b_dtype}") and not h.startswith("full ") and not h.startswith("engine:")
+    ]
     hits = [h for h in hits if teacher[h] == p["token_b"]]
     if full == p["token_a"] and hits:
         return "cache_history", (
@@ -258,6 +269,11 @@ def within_noise(p: dict, cal, counts: dict) -> str | None:
         f"A's top-2 gap at t {gap:.3g} {unit}, within the healthy flips of calibration {cal.name} "
         f"({bound}; {cal.flip_nats.total_flips} flips in {cal.pairs} healthy pairs)"
     )
+
+
+def _engine_history(boundary: int, dtype: str) -> str:
+    """The engine-side replay's row label at a side's boundary (0 or unknown: cold)."""
+    return f"engine:warm:{boundary} {dtype}" if boundary > 0 else f"engine:cold {dtype}"
 
 
 def right_side(p: dict, teacher: dict[str, int], counts: dict) -> tuple[str, str | None]:
@@ -359,6 +375,7 @@ def explain(
     drift_nats: float | None = None,
     notes: list[str] = (),
     calibration=None,
+    engine_replay: str | None = None,
 ) -> ExplainResult:
     """Score the variant traces (and the teacher-forced trace) of `pairs` and name each cause.
     drift_nats: the numeric bound; None takes it from `calibration` (a tracekit.calibration
@@ -390,6 +407,9 @@ def explain(
             notes.append(f"each run scored against the FP32 full teacher-forced replay ({len(refs)} pairs)")
     notes = notes + read_variants(list(variants), scorers)
     tf = read_teacher(teacher, {p["key"]: p for p in pairs}) if teacher else {}
+    if engine_replay:  # the engine's own replay rows (engine:cold / engine:warm:B), beside the HF ones
+        for key, rows in read_teacher(engine_replay, {p["key"]: p for p in pairs}).items():
+            tf.setdefault(key, {}).update(rows)
     out = []
     for p in pairs:
         counts, tk = scorers[p["key"]].counts, tf.get(p["key"], {})
@@ -410,14 +430,18 @@ def explain(
         loud = kind == "bug" and p["class"] in BENIGN
         right, side = right_side(p, tk, counts)
         ev = config_lines(counts)
-        if tk:
-            ev.append(
-                "teacher-forced top-1 at t: "
-                + ", ".join(
-                    f"{h} {'A' if v == p['token_a'] else 'B' if v == p['token_b'] else v}"
-                    for h, v in sorted(tk.items())
+        for label, part in (
+            ("teacher-forced top-1 at t", {h: v for h, v in tk.items() if not h.startswith("engine:")}),
+            ("engine's own replay, top-1 at t", {h: v for h, v in tk.items() if h.startswith("engine:")}),
+        ):
+            if part:
+                ev.append(
+                    f"{label}: "
+                    + ", ".join(
+                        f"{h} {'A' if v == p['token_a'] else 'B' if v == p['token_b'] else v}"
+                        for h, v in sorted(part.items())
+                    )
                 )
-            )
         for c in counts.values():
             want = Variant.parse(c.variant).boundary_wanted
             if c.config == "engine" and want is not None and set(c.boundaries) - {want}:

@@ -171,8 +171,8 @@ def read_teacher(path: str, pairs: dict[str, dict]) -> dict[str, dict[str, int]]
         t = r.requests
         for i in range(len(t)):
             p = pairs.get(t.key[i])
-            if p is None or int(t.n_tokens[i]) <= int(p["position"]):
-                continue
+            if p is None or t.status[i] != "ok" or int(t.n_tokens[i]) <= int(p["position"]):
+                continue  # an engine replay whose history was not achieved is an error row: never read
             cols = r.tokens(i)
             pos = int(p["position"])
             ids = cols.topk_id[pos]

@@ -89,6 +89,8 @@ class ReplayHttpConfig:
     timeout_s: float = 300.0
     api_key: str | None = None
     tokenizer: str | None = None  # TGI: text in, so the ids are decoded and checked
+    histories_by_key: dict | None = None  # key -> its own histories (explain: cold, A's and B's boundary)
+    dtype: str | None = None  # the rows' dtype label when the engine reports none (else the source's)
 
 
 @dataclass
@@ -107,18 +109,26 @@ class ReplaySummary:
 
 
 def run_replay_http(cfg: ReplayHttpConfig) -> ReplaySummary:
+    from tracekit.store import TraceReader
+
     seqs = from_trace(cfg.source, list(cfg.keys) or None)
-    return asyncio.run(_run(cfg, seqs))
+    with TraceReader(cfg.source) as r:
+        src_run = dict(r.meta.run)
+    return asyncio.run(_run(cfg, seqs, src_run))
 
 
-async def _run(cfg: ReplayHttpConfig, seqs: list[TokenSequence]) -> ReplaySummary:
-    from tracekit.store import TraceReader, TraceWriter
+def replay_sequences(cfg: ReplayHttpConfig, seqs: list[TokenSequence], run: dict | None = None) -> ReplaySummary:
+    """The same replay for sequences given here (tracekit explain's targets); `run` holds the run
+    metadata fields to keep (model, eos_token_ids, dtype ...)."""
+    return asyncio.run(_run(cfg, seqs, dict(run or {})))
+
+
+async def _run(cfg: ReplayHttpConfig, seqs: list[TokenSequence], src_run: dict) -> ReplaySummary:
+    from tracekit.store import TraceWriter
 
     from .client import make_session
     from .probe import probe
 
-    with TraceReader(cfg.source) as r:
-        src_run = dict(r.meta.run)
     session = make_session(1, cfg.timeout_s, cfg.api_key)
     async with session:
         pr = await probe(session, cfg.url.rstrip("/"), "auto")
@@ -129,9 +139,11 @@ async def _run(cfg: ReplayHttpConfig, seqs: list[TokenSequence]) -> ReplaySummar
                 "(pass --replay-engine to say which it is)"
             )
         eng = engine_for(kind, cfg, pr)
+        eng.dtype = eng.dtype or cfg.dtype or str(src_run.get("dtype") or "")
         summary = ReplaySummary(cfg.out, kind, eng.method)
         usable = []
-        for h in cfg.histories:
+        asked = list(cfg.histories) + [h for hs in (cfg.histories_by_key or {}).values() for h in hs]
+        for h in dict.fromkeys(asked):
             why = eng.refuses(h.kind)
             if why:
                 summary.refused.append(f"{h.asked}: {why}")
@@ -143,7 +155,8 @@ async def _run(cfg: ReplayHttpConfig, seqs: list[TokenSequence]) -> ReplaySummar
         meta = _meta(cfg, src_run, pr, eng)
         with TraceWriter(cfg.out, meta) as w:
             for seq in seqs:
-                for h in usable:
+                mine = (cfg.histories_by_key or {}).get(seq.key, cfg.histories)
+                for h in [h for h in mine if h in usable]:
                     b, why = h.resolve(seq)
                     if b is None:
                         summary.skipped.append(f"{seq.key} {h.asked} ({why})")
@@ -169,14 +182,20 @@ def _meta(cfg: ReplayHttpConfig, src_run: dict, pr, eng) -> RunMeta:
         target=cfg.url,
         dialect=f"replay-http:{eng.name}",
         engine=pr.engine,
-        histories=[h.asked for h in cfg.histories],
+        histories=sorted(
+            {h.asked for h in cfg.histories} | {h.asked for hs in (cfg.histories_by_key or {}).values() for h in hs}
+        ),  # fmt: skip
         top_logprobs=cfg.top_logprobs,
         replay_http={
             "from": cfg.source,
             "engine": eng.name,
             "method": eng.method,
             "limits": eng.limits(),
-            "refused": {h.asked: eng.refuses(h.kind) for h in cfg.histories if eng.refuses(h.kind)},
+            "refused": {
+                h.asked: eng.refuses(h.kind)
+                for h in [*cfg.histories, *[h for hs in (cfg.histories_by_key or {}).values() for h in hs]]
+                if eng.refuses(h.kind)
+            },
         },
     )
     return RunMeta(source="teacher_forced", run=run, layout=Layout(topk=cfg.top_logprobs, raw_logits=eng.raw_logits))

@@ -62,14 +62,20 @@ def written(root: Path) -> str:
     help="Explain even when an engine's self-report (model, dtype, slots, prefix cache, family) differs "
     "from the traces' run metadata; the mismatch is noted.",
 )
+@click.option(
+    "--engine-replay",
+    is_flag=True,
+    help="Also replay each pair's tokens through the engine at --url itself (cold, at A's and at B's boundary, "
+    "proven by its report; capture --replay-http): its own logits decide a cache-history cause.",
+)
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per request.")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from env VAR (never stored).")
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the traces (default explain-<UTC>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.explain/1).")
 @click.option("--markdown", is_flag=True, help="Print markdown to paste into a pull request.")
 def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, device, deterministic_url, fp32_url,
-        top_logprobs, drift_nats, calibration, allow_engine_mismatch, timeout_s, api_key_env, out, as_json,
-        markdown) -> int:  # fmt: skip
+        top_logprobs, drift_nats, calibration, allow_engine_mismatch, engine_replay, timeout_s, api_key_env, out,
+        as_json, markdown) -> int:  # fmt: skip
     """For each divergent pair of A (reference) and B, rerun the request under
     controlled variants on the live engine (alone cold, alone warm at each side's
     reused-prefix boundary, in a burst with B's batch mates; on the deterministic
@@ -97,7 +103,7 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
         raise click.UsageError("--json and --markdown are exclusive")
     o = ExplainOptions(url, repeats, model_dir, dtypes, device, deterministic_url, fp32_url, top_logprobs,
                        drift_nats, timeout_s, api_key_env, config_repeats, calibration,
-                       allow_engine_mismatch)  # fmt: skip
+                       allow_engine_mismatch, engine_replay)  # fmt: skip
     chosen = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
     if Path(a).is_dir():
         if b is not None:

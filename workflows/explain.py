@@ -40,6 +40,7 @@ class ExplainOptions:
     config_repeats: int | None = None  # runs of each variant on the deterministic / FP32 configurations
     calibration: str | None = None  # a tracekit.calibration record of this engine (`tracekit calibrate`)
     allow_engine_mismatch: bool = False  # explain on an engine whose self-report differs from the traces'
+    engine_replay: bool = False  # the engine's own teacher-forced replay (cold, at A's and B's boundary)
 
 
 def log(msg: str) -> None:
@@ -52,18 +53,30 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
     """Explain the divergent (or chosen) pairs of A and B; traces and explain.json under root.
     Returns the ExplainResult."""
     pairs, skipped, _ = select_pairs(a, b, keys)
-    notes, variants, teacher, mates, engines = [], [], None, {}, {}
+    notes, variants, teacher, mates, engines, engine_rows = [], [], None, {}, {}, None
     if pairs:
         engines, notes = check_engines(a, b, o)  # before anything runs: a mismatch stops here
-        variants, teacher, mates, run_notes = _run(a, b, pairs, root, o)
+        variants, teacher, mates, run_notes, engine_rows = _run(a, b, pairs, root, o)
         notes += run_notes
     cal = read_calibration(o.calibration) if o.calibration else None
     result = explain(
-        a, b, pairs, [str(v) for v in variants], teacher, mates, skipped, o.drift_nats, notes, calibration=cal
+        a,
+        b,
+        pairs,
+        [str(v) for v in variants],
+        teacher,
+        mates,
+        skipped,
+        o.drift_nats,
+        notes,
+        calibration=cal,
+        engine_replay=engine_rows,
     )
     if pairs:
         doc = result.to_json()
         doc["traces"] = {"variants": [v.name for v in variants], "teacher_forced": teacher and Path(teacher).name}
+        if engine_rows:
+            doc["traces"]["engine_replay"] = Path(engine_rows).name
         doc["engines"] = engines  # config -> URL, self-report, facts, what it was checked against
         write_explain(root, doc)
     return result
@@ -105,7 +118,30 @@ def _run(a, b, pairs, root: Path, o: ExplainOptions):
         replay(ReplayConfig(o.model_dir, teacher, dts, o.device, o.top_logprobs), targets)
     else:
         notes.append("teacher-forced replay: not run (no --teacher-forced MODEL_DIR)")
-    return variants, teacher, {t.key: len(t.mates) for t in targets}, notes
+    engine_rows = _engine_replay(b, targets, root, o, notes) if o.engine_replay else None
+    return variants, teacher, {t.key: len(t.mates) for t in targets}, notes, engine_rows
+
+
+def _engine_replay(b: str, targets, root: Path, o: ExplainOptions, notes: list[str]) -> str:
+    """The engine's own teacher-forced replay of every target on o.url (A's tokens up to t; cold,
+    at A's and at B's boundary; capture/replay_http.py): rows `engine:cold` / `engine:warm:B`."""
+    import os
+
+    from tracekit.capture.explain.replay import engine_replay
+    from tracekit.store import TraceReader
+
+    with TraceReader(b) as r:
+        run = {k: v for k, v in r.meta.run.items() if k in ("model", "eos_token_ids", "dtype", "dtype_source")}
+    path = root / "engine-replay.h5"
+    log(f"explain: engine-side replay of {len(targets)} pairs on {o.url} -> {path}")
+    key = os.environ.get(o.api_key_env) if o.api_key_env else None
+    s = engine_replay(o.url, str(path), targets, run, o.top_logprobs, o.timeout_s, key)
+    notes.append(
+        f"engine-side replay on {o.url} ({s.engine}, {s.method}): {s.ok}/{s.rows} rows with their history proven"
+        + (f"; refused: {'; '.join(s.refused)}" if s.refused else "")
+        + (f"; not achieved: {'; '.join(s.failed[:3])}" if s.failed else "")
+    )
+    return str(path)
 
 
 def explain_run_cells(root: Path, m, o: ExplainOptions, only: list[str] | None = None, teacher: bool = True):

@@ -70,3 +70,32 @@ def replay(cfg: ReplayConfig, targets: list[Target]) -> DiagnosticSummary:
         topk=cfg.top_logprobs,
     )
     return run_diagnostic(dcfg, sequences(targets), cfg.out, extra_run={"explain": [t.key for t in targets]})
+
+
+def engine_histories(t: Target):
+    """The engine-side replay's histories of one target: cold, and warm at A's and at B's
+    boundary (each > 0 and inside the prompt)."""
+    from ..replay_http import ReplayHistory
+
+    bounds = sorted({b for b in (t.boundary_a, t.boundary_b) if 0 < b < len(t.prompt)})
+    return (ReplayHistory("cold"), *(ReplayHistory("warm", b) for b in bounds))
+
+
+def engine_replay(url: str, out: str, targets: list[Target], run: dict, top_logprobs: int = 5,
+                  timeout_s: float = 600.0, api_key: str | None = None):  # fmt: skip
+    """The engine's own teacher-forced replay of every target (A's tokens up to t) on `url`: cold
+    and warm at A's and B's boundaries (capture/replay_http.py), proven by the engine's report;
+    rows `engine:cold` / `engine:warm:B`. run: the fields of B's run metadata to keep (dtype ...)."""
+    from ..replay_http import ReplayHttpConfig, replay_sequences
+
+    cfg = ReplayHttpConfig(
+        url=url,
+        source="explain",
+        out=out,
+        histories=(),
+        top_logprobs=top_logprobs,
+        timeout_s=timeout_s,
+        api_key=api_key,
+        histories_by_key={t.key: engine_histories(t) for t in targets},
+    )
+    return replay_sequences(cfg, sequences(targets), run)
