@@ -318,3 +318,23 @@ def reproducibility(paths: list[str | Path], reference: str = "mode") -> StatsRe
         skipped_rows=skipped,
         notes=tuple(notes),
     )
+
+
+def run_groups(root: str | Path) -> list[tuple[str, list[str]]]:
+    """(group id, [its serial baseline, each of its cells' bursts]) of a `tracekit run` directory
+    (a merged one too), in run order: one engine configuration and prompt set per group, so its
+    traces are repeats of the same prompts (serially and at each concurrency). Groups whose
+    captures did not run are left out."""
+    from tracekit.rundir import RunDir
+
+    rd = RunDir(root)
+    out: dict[str, list[str]] = {}
+    for c in rd.load()[1]:
+        r = c.record
+        if r.baseline is None or r.burst is None:
+            continue
+        paths = out.setdefault(r.cell.group_id, [str(rd.path(r.baseline))])
+        paths.append(str(rd.path(r.burst)))
+    if not out:
+        raise ConfigError(f"{rd.root}: no cell with both captures to compare")
+    return list(out.items())

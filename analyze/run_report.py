@@ -90,7 +90,31 @@ class Report:
 
     @property
     def failed_cells(self) -> list[str]:
-        return [r.cell.id for r in self.rows if not r.ok] + [cid for cid, _ in self.unreadable]
+        return [r.cell.id for r in self.rows if not r.ok] + [cid for cid, _ in self.unreadable] + missing(self.manifest)
+
+
+def missing(man: Manifest | None) -> list[str]:
+    """The cells of a merged run that no shard brought (absent shards, shards that stopped early):
+    each counts as a failed cell, so a partial merge never reads as a pass."""
+    return list((man.merged or {}).get("missing_cells", ())) if man is not None else []
+
+
+def shards_json(man: Manifest | None) -> dict | None:
+    """How a merged run was put together (None for a run that is not a merge); a single shard's
+    record for a shard reported alone."""
+    if man is None or (man.merged is None and man.shard is None):
+        return None
+    if man.merged is None:
+        return {"shard": f"{man.shard['index']}/{man.shard['count']}", "cells": len(man.shard["cells"]),
+                "matrix_cells": len(man.shard["matrix_cells"])}  # fmt: skip
+    m = man.merged
+    return {
+        "count": m["count"],
+        "given": [s["index"] for s in m["shards"]],
+        "incomplete": [s["index"] for s in m["shards"] if not s["complete"]],
+        "missing_shards": list(m["missing_shards"]),
+        "missing_cells": list(m["missing_cells"]),
+    }
 
 
 def diff_document(a: Path, b: Path, teacher: Path | None = None) -> dict:
@@ -160,7 +184,8 @@ def _pair_json(p: PairEvidence) -> dict:
 def summary(
     root: str | Path, man: Manifest | None, rows: list[CellRow], plots: dict | None = None, unreadable=()
 ) -> dict:
-    fails = [r.cell.id for r in rows if not r.ok] + [cid for cid, _ in unreadable]
+    gone = missing(man)
+    fails = [r.cell.id for r in rows if not r.ok] + [cid for cid, _ in unreadable] + gone
     return {
         "schema": SCHEMA,
         "dir": str(root),
@@ -170,9 +195,10 @@ def summary(
         "host": None if man is None else dict(man.host),
         "cells": [r.as_dict() for r in rows],
         "unreadable": [{"id": cid, "error": why} for cid, why in unreadable],
+        "shards": shards_json(man),
         "totals": {
-            "cells": len(rows) + len(unreadable),
-            "passed": len(rows) + len(unreadable) - len(fails),
+            "cells": len(rows) + len(unreadable) + len(gone),
+            "passed": len(rows) + len(unreadable) + len(gone) - len(fails),
             "failed": len(fails),
             **{k: sum(r.diff.counts[k] for r in rows if r.diff) for k in ("pairs", *CLASSES)},
         },
@@ -324,7 +350,7 @@ def markdown(
     evidence, failures, the setup, and the plots (as attachments)."""
     root = Path(root)
     head, body = table_rows(rows)
-    n_ok, n = sum(r.ok for r in rows), len(rows) + len(unreadable)
+    n_ok, n = sum(r.ok for r in rows), len(rows) + len(unreadable) + len(missing(man))
     lines = [
         f"## tracekit matrix evidence: {man.matrix_name if man else root.name}",
         "",
@@ -347,7 +373,8 @@ def markdown(
     lines += explain_cells.markdown(explain_cells.load(root, [r.cell for r in rows]))
     lines += compare_targets.markdown(compare_targets.matched(rows))
     lines += sections.pitfalls((r.cell.id, r.facts) for r in rows)
-    lines += _failures(rows, unreadable) + sections.setup(man) + sections.plot_lines(root, plots)
+    lines += sections.shards(man) + _failures(rows, unreadable) + sections.setup(man)
+    lines += sections.plot_lines(root, plots)
     return "\n".join(lines) + "\n"
 
 

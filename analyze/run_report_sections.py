@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from tracekit.rundir import Manifest
+from tracekit.text import clip
 
 AB_TEXT = (
     "**A and B.** In every cell A is the serial baseline (one request at a time, "
@@ -58,6 +59,41 @@ def reuse(facts: Mapping) -> str:
     return f"{c['hits_delta']:g}{'' if looked is None else f'/{looked:g}'} tok (/metrics)"
 
 
+def shards(man: Manifest | None) -> list[str]:
+    """A merged run: the shards it holds, and by name every shard and cell that is missing.
+    A shard reported alone: which shard of how many."""
+    if man is None or (man.merged is None and man.shard is None):
+        return []
+    if man.merged is None:
+        sh = man.shard
+        return [
+            f"This directory is shard {sh['index']}/{sh['count']} of matrix {man.matrix_name}: "
+            f"{len(sh['cells'])} of its {len(sh['matrix_cells'])} cells. Merge the shards with "
+            "`tracekit report SHARD_DIR... --out DIR` for the whole matrix.",
+            "",
+        ]
+    m = man.merged
+    n = m["count"]
+    out = ["### Shards", "", f"Merged from {len(m['shards'])} of {n} shards ({m['assignment']}):", ""]
+    for s in m["shards"]:
+        state = (
+            "complete" if s["complete"] else "**incomplete** (no manifest: killed or failed; rerun it with --resume)"
+        )
+        host = f", {s['host']}, {s['started_utc']} → {s['finished_utc']}" if s.get("host") else ""
+        out.append(f"- shard {s['index']}/{n}: `{s['dir']}`: {len(s['cells'])} cells, {state}{host}")
+        if s["missing"]:
+            out.append(f"  - missing cells: {', '.join(s['missing'])}")
+    for i in m["missing_shards"]:
+        cells = m.get("missing_shard_cells", {}).get(str(i), [])
+        out.append(f"- **shard {i}/{n}: missing** (not given): its cells {', '.join(cells) or '(none)'}")
+    if m["missing_cells"]:
+        out += [
+            "",
+            f"**{len(m['missing_cells'])} cells missing** (counted as failed): " + ", ".join(m["missing_cells"]),
+        ]
+    return out + [""]
+
+
 def setup(man: Manifest | None) -> list[str]:
     if man is None:
         return ["(no manifest.json: the run did not finish; setup unknown)", ""]
@@ -83,7 +119,7 @@ def setup(man: Manifest | None) -> list[str]:
         out.append(
             f"- engine `{e.engine_id}`: `{cmd}`"
             + (f" — self-report: {desc}" if desc else "")
-            + (f" — **did not start**: {e.error[:200]}" if e.error else "")
+            + (f" — **did not start**: {clip(e.error, 200)}" if e.error else "")
         )
     out.append(f"- {len(man.files)} files with sha256 in `manifest.json`")
     return out + [""]

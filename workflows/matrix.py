@@ -12,6 +12,7 @@ reference, then hashes DIR into the manifest. Returns the run as read back from 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +21,13 @@ from tracekit import __version__
 from tracekit.analyze.run_report import diff_document
 from tracekit.capture.matrix.cells import log, run_matrix
 from tracekit.capture.matrix.spec import Matrix
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, UsageError
 from tracekit.rundir import CellRecord, DiffRef, LoadedCell, Manifest, RunDir, TeacherRef, now_utc, read_diff
+from tracekit.rundir.shards import Shard
 from tracekit.runinfo import command_line, git_commit, host_info
 
 from .judge import Yardstick, calibrate_engines, diff_doc, judge_cell, yardstick
+from .shards import calibration_unit, shard_cells, shard_info
 
 
 @dataclass(frozen=True)
@@ -118,16 +121,57 @@ def _teacher(rd: RunDir, m: Matrix, r: CellRecord, plan: TeacherPlan, ys: Yardst
     return dataclasses.replace(r, diff=_diff(rd, r, rd.path(ref.trace), ys, reference=fp32), teacher=ref)
 
 
-def run(m: Matrix, out: str | os.PathLike, *, teacher: TeacherPlan | None = None, argv=None) -> RunResult:
-    """Run every cell of m into the new directory `out`, diff, (teacher), manifest.
-    Raises ConfigError when `out` already holds a run or a target's api_key_env is unset."""
+def _resume_plan(rd: RunDir, m: Matrix, info, cells) -> tuple[dict, list]:
+    """(the finished cells to keep, id -> record; the cells to run again). The unit is a
+    calibration unit (workflows/shards.py: an engine configuration's groups and the cells judged
+    with its calibration): it reruns whole (serial baselines, repeats, cold references too)
+    unless every one of its cells finished, so each calibration is measured from the same repeats
+    as in one uninterrupted run; what an unfinished unit left is removed."""
+    had = rd.read_shard()
+    if (had is None) != (info is None) or (had and (had.index, had.count) != (info.index, info.count)):
+        what = "the whole matrix" if had is None else f"shard {had.index}/{had.count}"
+        raise UsageError(f"{rd.root}: holds a run of {what}; resume it with the same --shard (or none)")
+    finished = rd.finished_cells()
+    units: dict[str, list] = {}
+    for c in cells:
+        units.setdefault(calibration_unit(m, c), []).append(c)
+    kept, todo = {}, []
+    for unit in units.values():
+        if all(c.id in finished for c in unit):
+            kept.update({c.id: rd.read_cell(c.id) for c in unit})
+        else:
+            for gid in dict.fromkeys(c.group_id for c in unit):
+                rd.discard(gid, [c.id for c in unit if c.group_id == gid])
+            todo += unit
+    log(f"resume: {len(kept)} cells finished and kept, {len(todo)} to run")
+    return kept, [c for c in cells if c in todo]
+
+
+def run(
+    m: Matrix,
+    out: str | os.PathLike,
+    *,
+    teacher: TeacherPlan | None = None,
+    argv=None,
+    shard: Shard | None = None,
+    resume: bool = False,
+) -> RunResult:
+    """Run every cell of m (or of one shard of it) into the new directory `out`, diff, (teacher),
+    manifest. With `resume`, `out` is an unfinished run of the same matrix (and shard): its
+    finished cells are kept and every other group reruns. Raises ConfigError when `out` already
+    holds a run (without `resume`) or a target's api_key_env is unset."""
     for t in m.targets:
         t.api_key()  # fail before anything starts, not on every cell
-    rd = RunDir.create(out, m.text)
-    started = now_utc()
-    records, engines = run_matrix(m, rd)
+    info = shard_info(m, shard) if shard is not None else None
+    cells = m.cells() if shard is None else shard_cells(m, shard)
+    rd, started = (RunDir.reopen(out, m.text) if resume else RunDir.create(out, m.text)), now_utc()
+    kept, todo = _resume_plan(rd, m, info, cells) if resume else ({}, cells)
+    if info is not None:
+        rd.write_shard(info)
+        log(f"shard {shard.label}: {len(cells)} of {len(info.matrix_cells)} cells")
+    records, engines = run_matrix(m, rd, todo) if todo else ([], [])
     cals = calibrate_engines(rd, m, records)  # from the healthy targets' calibration repeats (judge.py)
-    done = []
+    fresh = {}
     for r in records:
         ys = yardstick(m, r.cell, cals)
         r = dataclasses.replace(r, diff=_diff(rd, r, ys=ys))
@@ -135,7 +179,10 @@ def run(m: Matrix, out: str | os.PathLike, *, teacher: TeacherPlan | None = None
             r = _teacher(rd, m, r, teacher, ys)
         r = judge_cell(rd, r, ys)  # the `calibration` and `cold_reference` checks
         rd.write_cell(r)
-        done.append(r)
+        fresh[r.cell.id] = r
+    done = [kept.get(c.id) or fresh[c.id] for c in cells]
+    if resume:  # the engines of the earlier attempt too (those rerun now replace theirs)
+        engines = list({e.engine_id: e for e in [*rd.read_engines(), *engines]}.values())
     man = Manifest(
         f"tracekit {__version__}",
         git_commit(),
@@ -148,6 +195,8 @@ def run(m: Matrix, out: str | os.PathLike, *, teacher: TeacherPlan | None = None
         tuple(r.cell.id for r in done),
         tuple(engines),
         rd.file_hashes(),
+        matrix_sha256=hashlib.sha256(m.text.encode("utf-8")).hexdigest(),
+        shard=None if info is None else info.to_json(),
     )
     rd.write_manifest(man)
     return RunResult(rd.root, man, tuple(rd.load_cell(r.cell.id) for r in done))

@@ -19,6 +19,7 @@ from pathlib import Path
 from tracekit.errors import TracekitError
 from tracekit.rundir import Cell, CellRecord, Check, EngineRecord, RunDir
 from tracekit.store import TraceReader
+from tracekit.text import clip
 
 from ..http import CaptureConfig, plan_requests, run_capture
 from ..prompts import load_prompts
@@ -179,7 +180,7 @@ def _after_group(m: Matrix, url: str, t, cells: list[CellRecord], rd: RunDir) ->
 
 
 def _failed_cells(cells: list[Cell], rd: RunDir, why: str) -> list[CellRecord]:
-    outs = [CellRecord(c, None, None, (Check("engine_start", "fail", why[:500]),)) for c in cells]
+    outs = [CellRecord(c, None, None, (Check("engine_start", "fail", clip(why, 500)),)) for c in cells]
     for o in outs:
         rd.write_cell(o)
     return outs
@@ -211,11 +212,12 @@ def _run_engine(m: Matrix, cells: list[Cell], rd: RunDir) -> tuple[list[CellReco
     return outs, rec
 
 
-def run_matrix(m: Matrix, rd: RunDir) -> tuple[list[CellRecord], list[EngineRecord]]:
-    """Run every cell of m into rd (created by the caller); returns the cells' records and the
-    engines' records. Diffs are not computed here (see run.py)."""
+def run_matrix(m: Matrix, rd: RunDir, cells: list[Cell] | None = None) -> tuple[list[CellRecord], list[EngineRecord]]:
+    """Run every cell of m (or only `cells`, in matrix order: a shard, or what a resume reruns)
+    into rd (created by the caller); returns the cells' records and the engines' records.
+    Diffs are not computed here (see run.py)."""
     outs, recs = [], []
-    for _, cells in groupby(m.cells(), key=lambda c: c.engine_id):
+    for _, cells in groupby(m.cells() if cells is None else cells, key=lambda c: c.engine_id):
         o, r = _run_engine(m, list(cells), rd)
         outs += o
         recs.append(r)

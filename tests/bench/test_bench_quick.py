@@ -28,6 +28,7 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     "store_bench": [
         ("store_bench.py", ["--quick"], [rf"bytes_vs_raw \(target <= 1.2\)\s*\|\s*{NUM}", rf"read_vs_npy.*\|\s*{NUM}"])
     ],
+    "shard_bench": [("shard_bench.py", [], [rf"projected wall gpu_s_per_cell gpus=64: {NUM} s"])],
     "diff_bench": [("diff_bench.py", ["--quick"], [rf"{NUM}x slower", rf"diff = {NUM}x floor"])],
     "engine_bench": [
         ("engine_bench.py", ["--quick", "--repeats", "1"], [rf"speedup_c8 = {NUM}", rf"without HTTP: {NUM}"])

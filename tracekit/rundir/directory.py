@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
-from ..errors import ConfigError, SchemaVersionError, TraceFormatError
+from ..errors import ConfigError, SchemaVersionError, TraceFormatError, UsageError
 from ..files import sha256_file
 from .parse import (
     MANIFEST_READERS,
@@ -15,6 +16,7 @@ from .parse import (
     cell_v2,
     check_version,
     load,
+    parse_engine,
     read_diff,
     write_json,
 )
@@ -32,6 +34,7 @@ from .records import (
     Manifest,
     RunView,
 )
+from .shards import SHARD_JSON, ShardInfo
 
 
 def write_explain(directory: str | os.PathLike, doc: dict) -> Path:
@@ -135,6 +138,61 @@ class RunDir:
         (rd.root / MATRIX_COPY).write_text(matrix_text, encoding="utf-8")
         return rd
 
+    @classmethod
+    def reopen(cls, root: str | os.PathLike, matrix_text: str) -> "RunDir":
+        """An unfinished (or finished) run of the same matrix, to resume (`tracekit run --resume`).
+        Its manifest is removed until the resumed run writes a new one, so a resume killed in turn
+        never leaves a manifest that claims the run is complete."""
+        rd = cls(root)
+        copy = rd.root / MATRIX_COPY
+        if not copy.is_file():
+            raise UsageError(f"{rd.root}: no run to resume (no {MATRIX_COPY}); run without --resume")
+        if copy.read_text(encoding="utf-8") != matrix_text:
+            raise UsageError(
+                f"{rd.root}: holds a run of another matrix (its {MATRIX_COPY} differs from the file given); "
+                "resume with the matrix it ran, or choose another --out"
+            )
+        (rd.root / MANIFEST).unlink(missing_ok=True)
+        rd._manifest_doc = False
+        return rd
+
+    def write_shard(self, info: ShardInfo) -> None:
+        write_json(self.root / SHARD_JSON, info.to_json())
+
+    def read_shard(self) -> ShardInfo | None:
+        """shard.json (which shard of which matrix), or None for a run of a whole matrix."""
+        p = self.root / SHARD_JSON
+        return ShardInfo.from_json(load(p), str(p)) if p.is_file() else None
+
+    def finished_cells(self) -> set[str]:
+        """Cells whose cell.json reads and whose diff step ran (a diff, or the reason for none):
+        what `--resume` keeps."""
+        done = set()
+        if not (self.root / "cells").is_dir():
+            return done
+        for p in (self.root / "cells").iterdir():
+            try:
+                r = self.read_cell(p.name)
+            except TraceFormatError:
+                continue
+            if r.diff.error is None or not r.diff.error.startswith("not computed"):
+                done.add(p.name)
+        return done
+
+    def discard(self, group_id: str, cell_ids) -> None:
+        """Remove what an unfinished group left (its serial baseline, its cells) before it reruns."""
+        for rel in [f"groups/{group_id}", *(f"cells/{c}" for c in cell_ids)]:
+            shutil.rmtree(self.root / rel, ignore_errors=True)
+
+    def read_engines(self) -> list[EngineRecord]:
+        """Every engines/<id>.json, in name order (a resumed run's earlier engines included)."""
+        out = []
+        for p in sorted((self.root / "engines").glob("*.json")):
+            o = Obj(load(p), str(p))
+            check_version(o, "tracekit.engine")
+            out.append(parse_engine(o, p.stem))
+        return out
+
     def write_engine(self, e: EngineRecord) -> None:
         write_json(
             self.root / "engines" / f"{e.engine_id}.json", {"schema": f"tracekit.engine/{VERSION}", **e.to_json()}
@@ -186,7 +244,14 @@ class RunDir:
                 "host": dict(m.host),
                 "started_utc": m.started_utc,
                 "finished_utc": m.finished_utc,
-                "matrix": {"name": m.matrix_name, "path": m.matrix_path, "copy": MATRIX_COPY},
+                "matrix": {
+                    "name": m.matrix_name,
+                    "path": m.matrix_path,
+                    "copy": MATRIX_COPY,
+                    "sha256": m.matrix_sha256,
+                },
+                "shard": None if m.shard is None else dict(m.shard),
+                "merged": None if m.merged is None else dict(m.merged),
                 "engines": {e.engine_id: e.to_json() for e in m.engines},
                 "cells": list(m.cells),
                 "files": dict(m.files),

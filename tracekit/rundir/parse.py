@@ -191,6 +191,11 @@ def _manifest_common(o: Obj, cells: tuple[str, ...], engines: tuple[EngineRecord
         engines,
         {str(k): str(h) for k, h in files.items()},
         v,
+        # Added to version 2 with shards: absent in a file written before means "not recorded" /
+        # "not a shard" / "not merged", the only thing such a file can mean.
+        mx.obj.get("sha256") if isinstance(mx.obj.get("sha256"), str) else None,
+        o.get("shard", dict, null=True) if "shard" in o.obj else None,
+        o.get("merged", dict, null=True) if "merged" in o.obj else None,
     )
 
 

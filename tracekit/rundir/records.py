@@ -223,6 +223,9 @@ class Manifest:
     engines: tuple[EngineRecord, ...]
     files: Mapping[str, str]  # relative path -> sha256, every file but the manifest and report/
     version: int = VERSION  # the version it was written in (older ones are upgraded on read)
+    matrix_sha256: str | None = None  # of DIR/matrix.toml (None: written before shards existed)
+    shard: Mapping[str, Any] | None = None  # shard.json's document when this run is one shard (--shard I/N)
+    merged: Mapping[str, Any] | None = None  # a merged run: its shards, and the shards and cells missing
 
     def engine(self, engine_id: str) -> EngineRecord | None:
         return next((e for e in self.engines if e.engine_id == engine_id), None)
