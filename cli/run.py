@@ -42,7 +42,8 @@ def _shard(ctx, param, value):
     "--shard",
     metavar="I/N",
     callback=_shard,
-    help="Run only shard I of N (0..N-1): the cells whose serial-baseline group hashes to I (docs/runner.md).",
+    help="Run only shard I of N (0..N-1): the cells whose calibration unit (engine configuration) "
+    "hashes to I (docs/runner.md).",
 )
 @click.option(
     "--resume",
