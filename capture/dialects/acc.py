@@ -149,6 +149,10 @@ def rank_matrix(widths: np.ndarray, ids: np.ndarray, vals: np.ndarray, logits: n
     kept), or it lists the chosen token first (vLLM puts a sampled token ahead of its top-k).
     A greedy engine's chosen token is its top-1, so its rows are never reordered here."""
     n, total = len(widths), len(vals)
+    if n and k and total == n * k and (widths == k).all():
+        got = _rank_full(ids, vals, logits, n, k, chosen)
+        if got is not None:
+            return got
     tid = np.full((n, k), -1, np.int32)
     tlp = np.full((n, k), np.nan, np.float32)
     tlg = None if logits is None else np.full((n, k), np.nan, np.float32)
@@ -169,6 +173,20 @@ def rank_matrix(widths: np.ndarray, ids: np.ndarray, vals: np.ndarray, logits: n
     if tlg is not None:
         tlg[r, c] = logits[o]
     return tid, tlp, tlg
+
+
+def _rank_full(ids, vals, logits, n: int, k: int, chosen):
+    """The common case of rank_matrix: every row exactly k wide. Reshaped as they are when no row
+    needs ranking (None otherwise: the general path ranks it), a third of the general path's
+    cost (no row/column bookkeeping, no sort)."""
+    v = vals.reshape(n, k)
+    if chosen is not None and k > 1:
+        bad = (v[:, 1:] > v[:, :-1]).any(axis=1)  # a NaN compares False: as the general path
+        if bad.any() and (ids.reshape(n, k)[bad, 0] == np.asarray(chosen)[bad]).any():
+            return None
+    tid = ids.reshape(n, k).astype(np.int32)
+    tlg = None if logits is None else logits.reshape(n, k).astype(np.float32)
+    return tid, v.astype(np.float32), tlg
 
 
 def _rank_rows(widths, ids, vals, rows, start, chosen, k) -> np.ndarray:

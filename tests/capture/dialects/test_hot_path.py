@@ -215,3 +215,37 @@ def test_stream_with_infinity_and_crlf_events_parses_through_the_client():
     cols = acc.columns(2, False, None)
     assert cols.topk_id.tolist() == [[0, 9], [1, 9], [2, 9]]
     assert cols.topk_logprob[1, 1] == float("-inf") and acc.finish_reason == "length"
+
+
+def test_full_width_rows_take_the_fast_path_with_the_general_paths_result():
+    """rank_matrix's fast path (every row exactly k wide: a reshape, no sort) gives the general
+    path's ids, values and logits bitwise: rows in the engine's order, a row ranked only when it
+    is out of order and led by the chosen token (vLLM's sampled token first), NaN kept."""
+    from tracekit.capture.dialects import acc as A
+
+    rng = np.random.default_rng(3)
+    n, k = 64, 5
+    vals = -np.sort(rng.random((n, k)), axis=1)  # descending: rank order
+    ids = rng.integers(0, 1000, (n, k))
+    chosen = ids[:, 0].copy()
+    vals[3] = vals[3][[2, 0, 1, 3, 4]]  # out of order, led by the chosen token: ranked
+    ids[7, 0], vals[7] = 999, vals[7][[1, 0, 2, 3, 4]]  # out of order, chosen not first: kept
+    vals[9, 2] = np.nan
+    logits = rng.standard_normal((n, k))
+    widths = np.full(n, k)
+    flat = (ids.ravel(), vals.ravel(), logits.ravel())
+    fast = A.rank_matrix(widths, *flat, k, chosen)
+    orig = A._rank_full
+    try:
+        A._rank_full = lambda *a: None  # the general path
+        general = A.rank_matrix(widths, *flat, k, chosen)
+    finally:
+        A._rank_full = orig
+    for f, g in zip(fast, general):
+        assert f.dtype == g.dtype and f.tobytes() == g.tobytes()
+    assert np.array_equal(fast[1][7], vals[7].astype(np.float32))  # kept in the engine's order
+    assert (np.diff(fast[1][3]) <= 0).all()  # ranked
+    assert A._rank_full(flat[0], flat[1], None, n, k, chosen) is None  # row 3 needs the sort
+    ok = vals.copy()
+    ok[3] = -np.sort(-ok[3])
+    assert A._rank_full(flat[0], ok.ravel(), None, n, k, chosen) is not None
