@@ -34,6 +34,16 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
         ("engine_bench.py", ["--quick", "--repeats", "1"], [rf"speedup_c8 = {NUM}", rf"without HTTP: {NUM}"])
     ],
     "capture_bench": [("capture_bench.py", ["--quick"], [rf"cpu_per_token_vs_bare_c64: {NUM}"])],
+    # run_all: every headline ratio against its target in one table (issue 25); here two of its
+    # benches (each bench's own case above runs it anyway): the table, not the figures, is checked
+    "run_all": [
+        (
+            "run_all.py",
+            ["--quick", "--only", "store,capture", "--out", "{tmp}/run_all.json"],
+            [rf"\| store \| read_vs_npy \| {NUM} \| <= 2 \| (yes|no) \|"]
+            + [rf"\| capture \| cpu_per_token_vs_bare_c64 \| {NUM} \| <= 1.3 \| (yes|no) \|"],
+        )
+    ],
     "capture_soak": [("capture_soak.py", ["--quick"], [rf"rss_growth\s+{NUM}", r"ok\s+True"])],
     "soak": [("soak.py", ["--quick"], [rf"rss_growth\s+{NUM}", r"ok\s+True"])],
     "sensitivity": [
