@@ -75,11 +75,29 @@ def cause_rows(causes: list[CellCauses]) -> list[list[str]]:
                     _config(p, "deterministic"),
                     _config(p, "fp32"),
                 ]
+                + ([engine_replay_cell(p)] if _has_engine_replay(causes) else [])
             )
     return out
 
 
 HEAD = ["cell", "key", "class", "pos", "cause (tracekit explain)", "right side", "deterministic", "FP32"]
+ENGINE_HEAD = "engine's own replay: cold / at A's / at B's boundary"
+
+
+def _has_engine_replay(causes: list[CellCauses]) -> bool:
+    return any(str(h).startswith("engine:") for cc in causes for p in cc.pairs for h in (p.get("teacher") or {}))
+
+
+def engine_replay_cell(p: dict) -> str:
+    """Which token the engine's own replay (explain --engine-replay) gives at t, cold and at each
+    side's boundary: 'A / A / B' ('-' where that history was not run or not proven)."""
+    rows = {str(h).rsplit(" ", 1)[0]: v for h, v in (p.get("teacher") or {}).items() if str(h).startswith("engine:")}
+
+    def at(boundary: int) -> str:
+        v = rows.get(f"engine:warm:{boundary}" if boundary > 0 else "engine:cold")
+        return "-" if v is None else "A" if v == p["token_a"] else "B" if v == p["token_b"] else str(v)
+
+    return f"{at(0)} / {at(int(p.get('boundary_a', -1)))} / {at(int(p.get('boundary_b', -1)))}"
 
 
 def counts(causes: list[CellCauses]) -> dict[str, int]:
@@ -116,6 +134,11 @@ def text_lines(causes: list[CellCauses]) -> list[str]:
                 + f" · right side: {p.get('right_side') or 'unknown'}"
                 + (f" · deterministic: {det}" if det else "")
                 + (f" · FP32: {fp}" if fp else "")
+                + (
+                    f" · engine replay cold / at A / at B: {engine_replay_cell(p)}"
+                    if any(str(h).startswith("engine:") for h in (p.get("teacher") or {}))
+                    else ""
+                )
             )
         if cc.error:
             out.append(f"{cell_label(cc.cell)}: {cc.error}")
@@ -124,9 +147,10 @@ def text_lines(causes: list[CellCauses]) -> list[str]:
 
 def table(causes: list[CellCauses], fmt: str = "github") -> str:
     body = cause_rows(causes)
+    head = HEAD + ([ENGINE_HEAD] if _has_engine_replay(causes) else [])
     if fmt == "github":
         body = [[x.replace("|", "\\|") for x in row] for row in body]
-    return tabulate(body, headers=HEAD, tablefmt=fmt, disable_numparse=True)
+    return tabulate(body, headers=head, tablefmt=fmt, disable_numparse=True)
 
 
 LEGEND = (
@@ -137,7 +161,9 @@ LEGEND = (
     "reused it (llama.cpp without `--slot-save-path` cannot be primed: what ran is said); `cause` names the variant "
     "that gives B's token while its control does not, with counts. `right side` is the side whose "
     "token the teacher-forced FP32 full-history argmax picks; `deterministic` and `FP32` count the "
-    "tokens the same variants chose on the target's deterministic and FP32 configurations."
+    "tokens the same variants chose on the target's deterministic and FP32 configurations. The engine's own "
+    "replay (explain --engine-replay): which side's token the engine itself gives at t for A's exact tokens, "
+    "cold and with the cache primed at A's and at B's boundary (each boundary proven by its report)."
 )
 
 

@@ -53,7 +53,9 @@ class DemoResult:
 def _explain(root: Path, m: Matrix, repeats: int) -> tuple[list, str | None]:
     """Explain every divergent cell on engines started here; record them in the manifest.
     Returns (the engines' records, the error that stopped it or None)."""
-    opts = ExplainOptions(url="", repeats=repeats, config_repeats=min(CONFIG_REPEATS, repeats))
+    # engine_replay: each flip's tokens also replayed through the cell's own engine (cold, at A's and
+    # at B's boundary): its own logits, not HF's, decide a cache-history cause.
+    opts = ExplainOptions(url="", repeats=repeats, config_repeats=min(CONFIG_REPEATS, repeats), engine_replay=True)
     error, records = None, []
     try:
         # No teacher-forced replay here: the run's teacher step already replayed every divergent key.
