@@ -88,8 +88,8 @@ def _fault(ctx, param, value):
 @click.option(
     "--batch-invariant",
     is_flag=True,
-    help="Deterministic mode: each decode row computed as if alone, prefill split only at blocks "
-    "(outputs independent of batch mates; slower).",
+    help="Deterministic mode: each decode row computed as if alone, one prefill forward per block "
+    "(outputs independent of batch mates and of the reused-prefix boundary; slower).",
 )
 @click.option(
     "--eager-decode",
