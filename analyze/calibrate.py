@@ -3,8 +3,11 @@
 Each (A, B) pair of traces is two runs of the same prompts on the same engine, model and
 dtype that should agree (serial vs serial, burst vs burst, serial vs burst on a healthy
 build, --batch-invariant vs default). For every pair of requests it counts the trials and
-flips of P(flip | gap) (flip_rate.position_gaps), and the drift before the difference. The
-result is a `tracekit.calibration/1` record (tracekit/calibration.py) that `tracekit diff
+flips of P(flip | gap) (flip_rate.position_gaps), the drift before the difference, how far
+the top-2 gap moves between the two runs at every position before it (`gap_moves`), and, given
+a higher-precision reference of the A traces' tokens (`reference=`, selected as diff's), each
+healthy side's mean error against it (analyze/reference.py). The
+result is a `tracekit.calibration/2` record (tracekit/calibration.py) that `tracekit diff
 --calibration` judges a run against. Only healthy runs may go in: a calibration measured on
 a broken engine excuses its bug (say where the repeats came from in `--name`).
 """
@@ -32,8 +35,47 @@ from .compare import diff
 QUANTILES = (50, 90, 99, 100)
 
 
+def gap_moves(al, t: np.ndarray, comparable: np.ndarray, bits: np.ndarray):
+    """(nats [M], steps [M] or None): |g_A - g_B'| at every position p < t of each comparable pair
+    where both rows hold both candidates; g_A is A's top-1 minus A's runner-up, g_B' the same two
+    ids in B's row (logprobs; logits counted in steps of the pair's grid at A's row scale)."""
+    from .grid import steps
+
+    end = np.where(comparable, np.minimum(t, al.length), 0)
+    pair = np.repeat(np.arange(len(end)), end)
+    pos = np.arange(int(end.sum()), dtype=np.int64) - (np.cumsum(end) - end)[pair]
+    if not len(pair):
+        return np.zeros(0), (np.zeros(0) if al.a.has_logits and al.b.has_logits else None)
+    ra, rb = al.off_a[pair] + pos, al.off_b[pair] + pos
+    ids_a, ids_b = al.a.reader.column("topk_id")[ra], al.b.reader.column("topk_id")[rb]
+
+    def pick(vals_a, vals_b):
+        va = np.where(np.isfinite(vals_a), vals_a, -np.inf).astype(np.float64)
+        order = np.argsort(-va, axis=1)[:, :2]
+        c = np.take_along_axis(ids_a, order, 1)  # A's top-1 and runner-up ids [M, 2]
+        in_a = np.take_along_axis(va, order, 1)
+        match = (ids_b[:, None, :] == c[:, :, None]) & (c[:, :, None] >= 0)  # [M, 2, k]
+        vb = np.where(np.isfinite(vals_b), vals_b, -np.inf).astype(np.float64)
+        in_b = np.take_along_axis(vb, match.argmax(2), 1)
+        ok = match.any(2).all(1) & np.isfinite(in_a).all(1) & np.isfinite(in_b).all(1)
+        return in_a, in_b, ok
+
+    la, lb = al.a.reader.column("topk_logprob")[ra], al.b.reader.column("topk_logprob")[rb]
+    a2, b2, ok = pick(la, lb)
+    nats = np.abs((a2[:, 0] - a2[:, 1]) - (b2[:, 0] - b2[:, 1]))[ok]
+    st = None
+    if al.a.has_logits and al.b.has_logits:
+        ga, gb = al.a.reader.column("topk_logit")[ra], al.b.reader.column("topk_logit")[rb]
+        a2, b2, ok = pick(ga, gb)
+        scale = np.nanmax(np.abs(np.where(np.isfinite(ga), ga, np.nan)), axis=1)
+        bb = bits[pair]
+        mv = steps(a2[:, 0], a2[:, 1], bb, scale) - steps(b2[:, 0], b2[:, 1], bb, scale)
+        st = np.abs(mv[ok]).astype(np.float64)
+    return nats, st
+
+
 def _pair_gaps(a: str, b: str, **diff_kwargs):
-    """(the diff, its PositionGaps) of one healthy pair of traces."""
+    """(the diff, its PositionGaps, its gap moves (nats, steps)) of one healthy pair of traces."""
     from .flip_rate import position_gaps
 
     res = diff(a, b, **diff_kwargs)
@@ -45,17 +87,29 @@ def _pair_gaps(a: str, b: str, **diff_kwargs):
         t = np.where(c["position"] >= 0, c["position"], al.length).astype(np.int64)
         comparable = c["incomparable"] == ""
         bits = np.array([DTYPES[d].mantissa_bits for d in c["dtype"].tolist()], dtype=np.int64)
-        return res, position_gaps(al, t, comparable, bits)
+        return res, position_gaps(al, t, comparable, bits), gap_moves(al, t, comparable, bits)
 
 
-def measure(pairs: Sequence[tuple[str, str]], name: str, **diff_kwargs) -> Calibration:
-    """The calibration of the engine that wrote these healthy pairs of traces."""
+def measure(
+    pairs: Sequence[tuple[str, str]],
+    name: str,
+    *,
+    reference: str | os.PathLike | None = None,
+    reference_select: str | dict | None = None,
+    **diff_kwargs,
+) -> Calibration:
+    """The calibration of the engine that wrote these healthy pairs of traces. `reference`: a
+    higher-precision replay of the A traces' tokens (as `diff --reference`): each healthy side's
+    mean error against it is measured too (pairs it holds no row for are left out, counted)."""
     if not pairs:
         raise ConfigError("calibrate: give at least one pair of healthy traces (A B)")
     nats, nat_flips, step, step_flips, dmax, dmean = [], [], [], [], [], []
+    mv_nats, mv_steps, ref_err, no_ref, ref_source = [], [], [], 0, ""
     dtypes, engines, sources, incomparable, n_pairs = set(), [], [], 0, 0
+    if reference is not None:
+        diff_kwargs = {**diff_kwargs, "reference": reference, "reference_select": reference_select}
     for a, b in pairs:
-        res, g = _pair_gaps(a, b, **diff_kwargs)
+        res, g, (mn, ms) = _pair_gaps(a, b, **diff_kwargs)
         c = res.columns
         ok = c["incomparable"] == ""
         incomparable += int((~ok).sum())
@@ -67,6 +121,15 @@ def measure(pairs: Sequence[tuple[str, str]], name: str, **diff_kwargs) -> Calib
             step_flips.append(g.flip_steps)
         dmax.append(c["drift_max"][ok])
         dmean.append(c["drift_mean"][ok])
+        mv_nats.append(mn)
+        if ms is not None:
+            mv_steps.append(ms)
+        if res.reference is not None:
+            rr = res.reference
+            have = ok & np.isfinite(rr.err_a) & np.isfinite(rr.err_b)
+            no_ref += int((ok & ~have).sum())
+            ref_err += [rr.err_a[have], rr.err_b[have]]
+            ref_source = rr.source
         dtypes.update(c["dtype"][ok].tolist())
         engines.append(res.labels.get("a", ""))
         sources.append({"a": str(a), "b": str(b), "a_sha256": sha256_file(a), "b_sha256": sha256_file(b)})
@@ -83,6 +146,25 @@ def measure(pairs: Sequence[tuple[str, str]], name: str, **diff_kwargs) -> Calib
         steps_bins = GapBins("steps", STEP_EDGES, st, sf)
         gmax_steps = _max_or_zero(all_step_flips)
     notes = [f"{incomparable} incomparable request pair(s) left out"] if incomparable else []
+    moves = np.concatenate(mv_nats)
+    gap_move = {
+        "n": int(len(moves)),
+        "nats": percentiles(moves, QUANTILES, 9) if len(moves) else None,
+        "steps": percentiles(np.concatenate(mv_steps), QUANTILES, 9)
+        if mv_steps and len(mv_steps) == len(pairs) and len(moves)
+        else None,
+    }
+    ref_error = None
+    if reference is not None:
+        errs = np.concatenate(ref_err) if ref_err else np.zeros(0)
+        if not len(errs):
+            raise ConfigError(
+                f"calibrate: the reference {reference} holds no row for any pair's keys; give the replay "
+                "of the A traces' tokens (capture --teacher-forced MODEL --from A.h5)"
+            )
+        ref_error = {"reference": ref_source, "n": int(len(errs)), "mean_nats": percentiles(errs, QUANTILES, 9)}
+        if no_ref:
+            notes.append(f"{no_ref} pair(s) without a reference row left out of the error vs the reference")
     return Calibration(
         name=name,
         dtype=dtypes.pop(),
@@ -98,6 +180,8 @@ def measure(pairs: Sequence[tuple[str, str]], name: str, **diff_kwargs) -> Calib
         created_utc=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         writer=f"tracekit {__version__}",
         notes=tuple(notes),
+        gap_move=gap_move if len(moves) else None,
+        ref_error=ref_error,
     )
 
 

@@ -212,7 +212,7 @@ def diff(
         _refute(cols, reported_checks(al), "reported")
         ref = None
         if reference is not None:
-            ref = _against_reference(stack, al, cols, reference, reference_select)
+            ref = _against_reference(stack, al, cols, reference, reference_select, calibration)
         cols["teacher"] = np.full(len(al.keys), None, dtype=object)
         notes = [n for n in (side_a.note, side_b.note, _eos_note(side_a, side_b)) if n]
         notes += notes_a + more_a + notes_b + more_b + limit_lines
@@ -269,13 +269,20 @@ def _refute(cols, reasons: np.ndarray, what: str) -> None:
             cols["rule"][i] = f"{cols['rule'][i]}; {reasons[i]}"
 
 
-def _against_reference(stack, al, cols, reference, select):
-    """Each side against the reference; benign pairs it refutes become `unexplained`."""
+def _against_reference(stack, al, cols, reference, select, calibration=None):
+    """Each side against the reference; benign pairs it refutes become `unexplained`. "Both far"
+    is judged on the calibration's healthy error against the reference when it measured one."""
     from .reference import against_reference, load_reference, reason
 
     ref_side, source = load_reference(_open(stack, reference), _as_select(select))
     t = np.where(cols["position"] >= 0, cols["position"], al.length).astype(np.int64)
-    ref = against_reference(al, t, cols["dtype"], ref_side, source)
+    healthy = None
+    if calibration is not None and calibration.ref_error_max is not None:
+        healthy = {calibration.dtype: calibration.ref_error_max}
+    ref = against_reference(al, t, cols["dtype"], ref_side, source, healthy)
+    for i in np.flatnonzero(ref.note != "").tolist():
+        cols["note"][i] = f"{cols['note'][i]}; {ref.note[i]}" if cols["note"][i] else ref.note[i]
+        cols["rule"][i] = f"{cols['rule'][i]}; note: {ref.note[i]}"
     refuted = np.isin(ref.verdict, ("B farther", "A farther", "both far"))
     _refute(cols, np.array([reason(ref, i) if r else "" for i, r in enumerate(refuted)], dtype=object), "reference")
     _excuse_same_ids(cols, ref)
@@ -337,6 +344,11 @@ def reference_line(ref) -> str:
         return f"reference {ref.source}: no pair could be compared with it (keys or prompts differ)"
     v = ref.verdict[ok].tolist()
     counts = ", ".join(f"{k} {v.count(k)}" for k in ("B farther", "A farther", "both far") if v.count(k))
+    if ref.note is not None and (n_far := int((ref.note != "").sum())):
+        counts = (counts + "; " if counts else "") + (
+            f"{n_far} pair(s) with the same rows on both sides above the default ceiling (not judged: calibrate "
+            "with --reference)"
+        )
     p = min(ref.run_p_b, ref.run_p_a)
     left = f"; {ref.run_equal} pairs with the same rows on both sides left out" if ref.run_equal else ""
     run = {
@@ -349,6 +361,7 @@ def reference_line(ref) -> str:
         f"{np.median(ref.err_a[ok]):.3g} / B {np.median(ref.err_b[ok]):.3g} nats (medians of pairs), "
         f"B/A ratio median {ref.run_median_ratio:.3g}; "
         + (counts or "every pair consistent with the reference")
+        + (f" (both-far ceiling {ref.ceiling})" if ref.ceiling.startswith("calibrated") else "")
         + f"; {run}"
     )
 

@@ -10,10 +10,20 @@ verdict names the record it used. The record holds:
 - `drift`: the distribution of each healthy pair's max and mean |Δ chosen logprob| before
   its first difference (nats), as quantiles;
 - `flip_gap_max`: the largest top-2 gap at which a healthy repeat flipped (nats, steps);
+- `gap_move` (version 2): how far the top-2 gap (A's top-1 minus A's runner-up, the same two
+  ids read in B's row) moves between the two runs, |g_A - g_B'|, at every position before the
+  first difference where both rows hold both candidates: quantiles in nats and, with raw
+  logits, in steps of the grid; n positions. A flip whose total move (A's gap + B's gap) lies
+  within this is a tie (compare.calibrated_thresholds);
+- `ref_error` (version 2, only when measured with `--reference`): each healthy side's mean
+  weighted |Δlogprob| against the higher-precision reference (analyze/reference.py), as
+  quantiles over the sides; the reference it was measured against; n sides. The "both far"
+  judgement uses it instead of the tiny model's constant ceiling;
 - what it was measured on: engine self-report, model, dtype, the traces and their sha256.
 
-JSON, schema `tracekit.calibration/1` (a newer version is refused with both versions named;
-a missing field is an error, never a guess). This module is only the record and its file;
+JSON, schema `tracekit.calibration/2` (a newer version is refused with both versions named;
+a missing field is an error, never a guess; a version-1 record is read with `gap_move` and
+`ref_error` absent, None). This module is only the record and its file;
 the measurement is `tracekit.analyze.calibrate`, the run-level test `tracekit.analyze.flip_rate`.
 """
 
@@ -28,7 +38,7 @@ from pathlib import Path
 from .errors import ConfigError, SchemaVersionError, TraceFormatError
 
 SCHEMA = "tracekit.calibration"
-VERSION = 1
+VERSION = 2
 # Gap bin edges. nats: top-2 logprob gaps; steps: the same gap counted on the run's grid.
 NATS_EDGES = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, math.inf)
 STEP_EDGES = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 256.0, math.inf)
@@ -97,6 +107,24 @@ class Calibration:
     writer: str = ""
     version: int = VERSION
     notes: tuple[str, ...] = field(default=())
+    # version 2: None when not measured (a version-1 record; calibrate without --reference)
+    gap_move: dict | None = None  # {"n": positions, "nats": {p50..p100}, "steps": {p50..p100} | None}
+    ref_error: dict | None = None  # {"reference": what, "n": sides, "mean_nats": {p50..p100}}
+
+    @property
+    def gap_move_max(self) -> tuple[float, float | None] | None:
+        """(nats, steps or None): the largest healthy gap move, None when not measured."""
+        g = self.gap_move
+        if not g or not g.get("n"):
+            return None
+        steps = (g.get("steps") or {}).get("p100")
+        return float(g["nats"]["p100"]), None if steps is None else float(steps)
+
+    @property
+    def ref_error_max(self) -> float | None:
+        """The largest healthy side's mean error against the reference (nats), None when not measured."""
+        r = self.ref_error
+        return float(r["mean_nats"]["p100"]) if r and r.get("n") else None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -109,9 +137,14 @@ class Calibration:
     def describe(self) -> str:
         """'cal-bf16 (bf16, 48 healthy pairs, 5 flips: max gap 0.0312 nats / 6 steps)'"""
         steps = f" / {self.flip_gap_max_steps:g} steps" if self.flip_gap_max_steps is not None else ""
+        more = ""
+        if (gm := self.gap_move_max) is not None:
+            more += f"; gap move max {gm[0]:.3g} nats" + (f" / {gm[1]:g} steps" if gm[1] is not None else "")
+        if (re_ := self.ref_error_max) is not None:
+            more += f"; error vs the reference max {re_:.3g} nats over {self.ref_error['n']} sides"
         return (
             f"{self.name} ({self.dtype}, {self.pairs} healthy pairs, {self.flip_nats.total_flips} flips: "
-            f"max gap {self.flip_gap_max_nats:.3g} nats{steps})"
+            f"max gap {self.flip_gap_max_nats:.3g} nats{steps}{more})"
         )
 
 
@@ -151,7 +184,17 @@ def parse_calibration(doc: dict, where: str = "calibration") -> Calibration:
         writer=str(doc.get("writer", "")),
         version=version,
         notes=tuple(doc.get("notes") or ()),
+        gap_move=_optional(doc, "gap_move", version, where),
+        ref_error=_optional(doc, "ref_error", version, where),
     )
+
+
+def _optional(doc: dict, key: str, version: int, where: str) -> dict | None:
+    """A version-2 field: absent from version 1 (None), present (maybe null) from version 2."""
+    if version < 2:
+        return None
+    v = _need(doc, key, where)
+    return None if v is None else dict(v)
 
 
 def read_calibration(path: str | os.PathLike) -> Calibration:

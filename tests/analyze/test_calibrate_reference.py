@@ -1,0 +1,83 @@
+"""`calibrate --reference`: each healthy side's error against the reference, and "both far" judged on it.
+
+Why it matters: on an H200, a Llama-3-8B-shaped BF16 engine's two bitwise-identical serial runs
+were 14 identical + 2 `unexplained` against the FP32 replay, because "both far" compared each
+side's mean error with the tiny model's constant ceiling (BF16 0.25 nats) and a healthy 8B BF16
+engine sits 0.13-0.33 nats from FP32 (traces/gpu-h200/llama8b/report.md). The ceiling must be
+this engine's measured healthy error; without one, two sides that are the same rows never
+become `unexplained` through "both far" alone.
+
+The far reference here is real: the demo's FP32 serial run of the same prompts. Where its tokens
+part from the BF16 run's, its rows are other contexts, so a BF16 row is 0.42-2.8 nats from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.analyze import diff
+from tracekit.analyze.calibrate import measure
+from tracekit.calibration import read_calibration
+
+ROOT = Path(__file__).resolve().parents[2]
+G = ROOT / "traces" / "demo" / "groups"
+A = G / "ref.bf16.cache-on.study128.out32" / "serial.h5"
+FAR = G / "ref.fp32.cache-on.study128.out32" / "serial.h5"
+
+
+@pytest.fixture(scope="module")
+def same(tmp_path_factory) -> Path:
+    """B: a bitwise copy of A (a second serial run the engine reproduced exactly)."""
+    b = tmp_path_factory.mktemp("same") / "b.h5"
+    shutil.copy(A, b)
+    return b
+
+
+def test_uncalibrated_same_rows_are_never_both_far_by_the_constant(same):
+    r = diff(A, same, eos=(0,), reference=FAR)
+    ref, c = r.reference, r.columns
+    far = np.flatnonzero(ref.err_a > 0.25)
+    assert len(far) == 5 and np.allclose(ref.err_a, ref.err_b)  # 0.997-2.78 nats, the same on both sides
+    assert r.counts()["identical"] == 16 and r.ok and not (ref.verdict == "both far").any()
+    for i in far.tolist():
+        assert ref.note[i].startswith(f"both sides {ref.err_a[i]:.3g} nats from the reference: above the default")
+        assert "calibrate with --reference" in c["rule"][i]
+    assert "5 pair(s) with the same rows on both sides above the default ceiling" in r.notes[-1]
+
+
+def test_calibrate_measures_the_healthy_error_and_both_far_uses_it(tmp_path, same):
+    cal = measure([(str(A), str(same))], "far", reference=FAR, eos=(0,))
+    e = cal.ref_error
+    assert e["n"] == 32 and e["mean_nats"]["p100"] == pytest.approx(2.775, abs=1e-3) and "serial.h5" in e["reference"]
+    assert cal.ref_error_max == e["mean_nats"]["p100"] and "error vs the reference max 2.77" in cal.describe()
+    # an engine whose healthy sides are up to 0.6 nats from the reference: "both far" beyond 2 x 0.6
+    deep = dataclasses.replace(cal, ref_error={**e, "mean_nats": {**e["mean_nats"], "p100": 0.6}})
+    r = diff(A, same, eos=(0,), reference=FAR, calibration=deep)
+    ref = r.reference
+    both = ref.verdict == "both far"
+    assert (both == (ref.err_a > 1.2)).all() and both.sum() == 3  # 1.29, 1.55, 2.78 nats; 0.997, 1.02 consistent
+    assert ref.ceiling == "calibrated: bf16 max(0.25, 2 x 0.6) nats"
+    i = int(np.flatnonzero(both)[0])
+    assert (
+        r.columns["cls"][i] == "unexplained" and "ceiling: calibrated: bf16 max(0.25, 2 x 0.6)" in r.columns["rule"][i]
+    )
+    # the engine's own healthy error (2.78 nats: this reference is that far from every healthy side): consistent
+    own = diff(A, same, eos=(0,), reference=FAR, calibration=cal)
+    assert not (own.reference.verdict == "both far").any() and own.counts()["identical"] == 16
+    # the CLI writes it, a version-2 record
+    out = tmp_path / "cal.json"
+    p = subprocess.run(
+        [sys.executable, "-m", "tracekit", "calibrate", A, same, "--reference", FAR, "--out", out, "--eos", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr
+    back = read_calibration(out)
+    assert back.version == 2 and back.ref_error == cal.ref_error and back.gap_move == cal.gap_move
