@@ -70,3 +70,62 @@ def tally(rows: list[dict]) -> dict:
         "kinds": kinds,
         "pairs": rows,
     }
+
+
+def rescore(root: Path, cal_path: Path) -> list[dict]:
+    """The explain of one kept explain directory (explain.json, variants-*.h5, teacher.h5) judged
+    again by the current analysis code (the same runs: nothing is sent)."""
+    import json
+
+    from tracekit.analyze.explain import explain, select_pairs
+    from tracekit.calibration import read_calibration
+
+    doc = json.loads((root / "explain.json").read_text())
+    keys = [p["key"] for p in doc["pairs"]]
+    pairs, skipped, _ = select_pairs(doc["a"], doc["b"], keys)
+    mates = {p["key"]: p["batch_mates"] for p in doc["pairs"]}
+    variants = [str(root / v) for v in doc["traces"]["variants"]]
+    teacher = str(root / doc["traces"]["teacher_forced"]) if doc["traces"].get("teacher_forced") else None
+    r = explain(doc["a"], doc["b"], pairs, variants, teacher, mates, skipped, calibration=read_calibration(cal_path))
+    return [{"key": p.key, "kind": p.kind, "class": p.klass, "loud": p.loud, "cause": p.cause} for p in r.pairs]
+
+
+def rescore_doc(doc: dict, work: Path) -> dict:
+    """A `sensitivity.py --family --explain --json --keep WORK` document with every explain tally
+    judged again from WORK's kept explain runs (`rescored: true`)."""
+    for d in doc["dtypes"]:
+        dt, cal = d["dtype"], work / f"{d['dtype']}_calibration.json"
+        for row in d["kinds"]:
+            x, root = row.get("explain"), work / f"{dt}_{row['kind']}_explain"
+            if x and x["explained"]:
+                keep = {k: x[k] for k in ("changed", "changed_divergent", "capture")}
+                row["explain"] = tally([r | {"capture": x["capture"]} for r in rescore(root, cal)]) | keep
+        h = d.get("explain_healthy")
+        if h and h["explained"]:
+            rows = []
+            for run in sorted({p["run"] for p in h["pairs"]}):
+                rows += [r | {"run": run} for r in rescore(work / f"{dt}_explain_healthy_{run}", cal)]
+            d["explain_healthy"] = tally(rows) | {"divergent": h["divergent"]}
+    doc["rescored"] = True
+    return doc
+
+
+def main() -> None:
+    import argparse
+    import json
+    import sys
+
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+    import sensitivity_family as fam
+
+    ap = argparse.ArgumentParser(description="judge a kept `sensitivity.py --family --explain` run's explains again")
+    ap.add_argument("doc", type=Path, help="its --json output")
+    ap.add_argument("--keep", type=Path, required=True, help="its --keep directory")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    doc = rescore_doc(json.loads(args.doc.read_text()), args.keep)
+    print(json.dumps(doc, indent=1, default=str) if args.json else fam.table(doc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """`bench/sensitivity.py --family`: which of the imitated engine bugs `tracekit diff` catches.
 
 For each dtype (BF16, FP32): a healthy engine gives the serial baseline (each prompt sent
-twice, so the second pass reuses cached blocks) and `--runs` (>= 10) healthy concurrent
+twice, so the second pass reuses cached blocks) and `--runs` (20) healthy concurrent
 captures, each diffed against the baseline: the false alarms (pairs diff calls `unexplained`
 or `incomparable`). Then for each kind of the family (tracekit/engine/faults.py SPECS) at its
 default magnitude, an engine with `--inject-fault KIND` runs the same serial capture and a
@@ -21,7 +21,13 @@ The figure per kind: the share of changed pairs that diff flags, judged two ways
   the FP32 teacher-forced `full` replay of the baseline's tokens (HF, the fixture model). A
   capture is *flagged* when the diff fails (a pair unexplained/incomparable, or a run-level test
   of the calibration or the reference); its changed pairs then count as flagged. The false
-  alarms of this yardstick: the second half of the healthy runs, each diffed the same way.
+  alarms of this yardstick: the second half of the healthy runs (10), each diffed the same way.
+  Each capture also keeps the run-level numbers (`yardstick_stats`: both sides' error against
+  the reference, the median excess, Wilcoxon p, observed vs expected flips).
+
+With `--explain` (sensitivity_explain.py), `tracekit explain` with that calibration and the
+teacher-forced reference runs on a few changed pairs of each kind, on the faulty engine, and on
+divergent pairs of the held-out healthy runs, on the healthy engine.
 """
 
 from __future__ import annotations

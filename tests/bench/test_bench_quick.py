@@ -136,6 +136,7 @@ SKIPPED = {
     "decode_repro.py": CUDA,
     "diagnostic_profile.py": CUDA + ": profiles CUDA kernels",
     "multi_gpu_check.py": "needs >= 2 GPUs and accelerate",
+    "family_noise.py": "reads the --keep directory of a whole `sensitivity.py --family` run (its figures: RESULTS.md)",
 }
 
 
