@@ -89,7 +89,7 @@ def calibrate_engines(rd: RunDir, m: Matrix, records: list[CellRecord]) -> dict[
         cal = dataclasses.replace(cal, sources=srcs)
         rel = rd.calibration_rel(engine_id)
         write_calibration(cal, rd.path(rel))
-        log(f"calibration {engine_id}: {cal.describe()} -> {rel}")
+        log(f"calibration -> {rel}: {cal.describe()}")
         out[engine_id] = Yardstick(cal, rel, f"calibration {cal.name}")
     return out
 
