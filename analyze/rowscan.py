@@ -26,7 +26,7 @@ import numpy as np
 from .evidence import POSITIVE_LIMIT, SUM_LIMIT
 
 ORDER_TOL = POSITIVE_LIMIT  # an entry may exceed one listed before it by rounding only
-BLOCK_BYTES = 1 << 20  # rows read at a time, per column (the store's [N, k] chunk: 1 MiB)
+BLOCK_BYTES = 1 << 20  # rows read at a time, per column (whole stored chunks: the store's are ~1 MiB)
 CACHE_BYTES = 256 << 10  # rows reduced at a time: a block that stays in the core's cache
 
 
@@ -116,6 +116,9 @@ def scan(reader, token_id: np.ndarray, logprob: np.ndarray) -> RowScan | None:
     k = reader.layout.topk if reader.layout.topk else 0
     out = RowScan(np.full(n, np.nan, np.float32), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool))
     step = max(1, BLOCK_BYTES // max(1, 4 * k))
+    chunk = reader.chunk_rows("topk_logprob")
+    if chunk and chunk == reader.chunk_rows("topk_id"):  # whole chunks a block: each decoded once
+        step = chunk * max(1, round(step / chunk))
     bufs = None  # one buffer per column, reused block after block
     for s in range(0, n, step):
         e = min(n, s + step)

@@ -172,6 +172,12 @@ class TraceReader:
     def has_column(self, name: str) -> bool:
         return name in self._tok
 
+    def chunk_rows(self, name: str) -> int:
+        """Rows a stored chunk of token column `name` holds (0 when not chunked): a reader of
+        blocks reads whole chunks, each decoded (checksummed) once."""
+        chunks = self._dataset(name).chunks
+        return int(chunks[0]) if chunks else 0
+
     def _dataset(self, name: str) -> h5py.Dataset:
         ds = self._tok.get(name)
         if ds is None:
