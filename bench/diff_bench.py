@@ -222,13 +222,12 @@ def _child(pa: str, pb: str) -> None:
     import resource
 
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = diff(pa, pb)
-    s = time.perf_counter() - t0
+    s, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(
-        json.dumps({"diff_s": s, "counts": result.counts(), "peak_rss_mb": peak / 1024, "rss_before_mb": rss0 / 1024})
-    )
+    said = {"diff_s": s, "diff_cpu_s": cpu, "counts": result.counts(), "peak_rss_mb": peak / 1024}
+    print(json.dumps(said | {"rss_before_mb": rss0 / 1024}))
 
 
 def _run_child(pa: str, pb: str) -> dict:
@@ -262,6 +261,7 @@ def scaling(sizes: list[int], repeats: int, as_json: bool) -> int:
                     diff_s=best["diff_s"],
                     diff_cpu_s=min(r["diff_cpu_s"] for r in runs),
                     us_per_position=best["diff_s"] / positions * 1e6,
+                    cpu_us_per_position=min(r["diff_cpu_s"] for r in runs) / positions * 1e6,
                     read_floor_s=floor,
                     vs_read_floor=best["diff_s"] / floor if floor else None,
                     peak_rss_mb=max(r["peak_rss_mb"] for r in runs),
@@ -271,19 +271,24 @@ def scaling(sizes: list[int], repeats: int, as_json: bool) -> int:
                 )
             )
             print(f"{positions:,} positions: diff {best['diff_s']:.3f}s (wrote in {write_s:.1f}s)", file=sys.stderr)
+
+    def fit(key: str, least: int = 0) -> float | None:
+        """Slope of log(key) on log(positions) over the sizes >= least (1 = linear)."""
+        use = [r for r in rows if r["positions"] >= least]
+        if len(use) < 2:
+            return None
+        return float(np.polyfit(np.log([r["positions"] for r in use]), np.log([r[key] for r in use]), 1)[0])
+
     for prev, row in zip(rows, rows[1:]):
-        row["slope_vs_previous"] = float(
-            np.log(row["diff_s"] / prev["diff_s"]) / np.log(row["positions"] / prev["positions"])
-        )
-    x, y = np.log([r["positions"] for r in rows]), np.log([r["diff_s"] for r in rows])
-    fit = float(np.polyfit(x, y, 1)[0]) if len(rows) > 1 else None
-    top = [r for r in rows if r["positions"] >= 100_000]  # above the fixed costs (opening, metadata)
-    fit_big = (
-        float(np.polyfit(*np.log([[r["positions"] for r in top], [r["diff_s"] for r in top]]), 1)[0])
-        if len(top) > 1
-        else None
-    )
-    out = {"topk": K, "raw_logits": True, "rows": rows, "slope_fit": fit, "slope_fit_from_100k": fit_big}
+        for key in ("diff_s", "diff_cpu_s"):
+            row[f"slope_{key}"] = float(np.log(row[key] / prev[key]) / np.log(row["positions"] / prev["positions"]))
+    # from 100k: above the fixed costs (opening two files, metadata, imports' first use)
+    fits = {
+        f"slope_fit_{key}{tail}": fit(key, least)
+        for key in ("diff_s", "diff_cpu_s")
+        for tail, least in (("", 0), ("_from_100k", 100_000))
+    }
+    out = {"topk": K, "raw_logits": True, "rows": rows, **fits}
     if as_json:
         print(json.dumps(out, indent=1))
     else:
@@ -294,19 +299,28 @@ def scaling(sizes: list[int], repeats: int, as_json: bool) -> int:
                 f"{r['positions']:,}",
                 f"{r['diff_s']:.3f}",
                 f"{r['diff_cpu_s']:.3f}",
-                f"{r['us_per_position']:.3f}",
+                f"{r['cpu_us_per_position']:.3f}",
                 f"{r['read_floor_s']:.3f}" if r["read_floor_s"] else "-",
                 f"{r['vs_read_floor']:.2f}" if r["vs_read_floor"] else "-",
                 f"{r['peak_rss_mb']:.0f}",
-                f"{r.get('slope_vs_previous', float('nan')):.2f}" if "slope_vs_previous" in r else "",
+                f"{r['slope_diff_s']:.2f} / {r['slope_diff_cpu_s']:.2f}" if "slope_diff_s" in r else "",
             ]
             for r in rows
         ]
-        heads = ["positions", "diff s", "CPU s", "us/position", "read floor s", "vs floor", "peak RSS MB", "slope"]
+        heads = [
+            "positions",
+            "diff s",
+            "CPU s",
+            "CPU us/position",
+            "read floor s",
+            "vs floor",
+            "peak RSS MB",
+            "slope wall / CPU",
+        ]
         print(f"top-{K} + raw logits, one diff per process (best of {repeats})")
         print(tabulate(table, headers=heads, tablefmt="simple", disable_numparse=True))
-        big = f"; from 100k {fit_big:.2f}" if fit_big is not None else ""
-        print(f"slope of log(s) on log(positions): all sizes {fit:.2f}{big}" if fit is not None else "")
+        said = ", ".join(f"{k[len('slope_fit_') :]} {v:.2f}" for k, v in fits.items() if v is not None)
+        print(f"slope of log(seconds) on log(positions) (1 = linear): {said}")
     return 0 if ok else 1
 
 
