@@ -54,7 +54,6 @@ Which side is right: the side whose token the FP32 `full`-history argmax picks
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -260,11 +259,7 @@ def within_noise(p: dict, cal, counts: dict) -> str | None:
     if gap is None or edge <= 0 or not gap <= edge:
         return None
     unit = "steps" if steps else "nats"
-    bound = (
-        f"up to {edge:.3g} {unit}"
-        if math.isfinite(edge)
-        else "its run-level test bounds no gap: its largest healthy flip was an exact tie"
-    )
+    bound = f"up to {edge:.3g} {unit}, its largest healthy flip"
     return (
         f"A's top-2 gap at t {gap:.3g} {unit}, within the healthy flips of calibration {cal.name} "
         f"({bound}; {cal.flip_nats.total_flips} flips in {cal.pairs} healthy pairs)"

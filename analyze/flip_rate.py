@@ -22,6 +22,7 @@ largest gap the calibration ever saw flip are listed by key.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,13 +202,16 @@ def flip_test(g: PositionGaps, keys: np.ndarray, cal: Calibration, dtype: str, a
 
 
 def healthy_edge(cal: Calibration, use_steps: bool) -> float:
-    """The largest top-2 gap this calibration accepts as a healthy flip, by the rule `flip_test`
-    counts `beyond` with (the upper edge of the bin holding its largest healthy flip; infinite, as
-    there, when that flip was an exact tie); 0 when it saw no flip."""
+    """The largest top-2 gap this calibration accepts as a healthy flip: its largest healthy flip
+    itself (the per-pair tolerances widen to the same value, compare.calibrated_thresholds). Not
+    the upper edge of that flip's bin, which `flip_test` names flips `beyond`: explain excused
+    prefix-key-collision flips up to that edge (2 steps where healthy flips reached 1). 0 when it
+    saw no flip, or when its largest flip was an exact tie: nothing is excused then."""
     bins = cal.flip_steps if use_steps and cal.flip_steps is not None else cal.flip_nats
     if bins.total_flips == 0:
         return 0.0
-    return _upper_edge(bins, cal.flip_gap_max_steps if bins is cal.flip_steps else cal.flip_gap_max_nats)
+    gmax = cal.flip_gap_max_steps if bins is cal.flip_steps else cal.flip_gap_max_nats
+    return float(gmax) if gmax and math.isfinite(gmax) else 0.0
 
 
 def _upper_edge(bins: GapBins, gmax: float | None) -> float:

@@ -274,11 +274,15 @@ def test_a_near_tie_within_the_calibrated_noise_is_not_a_bug(tmp_path, ab):
     assert r.kind == "calibrated_noise" and r.ok and not r.loud
     assert r.cause.startswith(
         "cause: this engine's calibrated noise — A's top-2 gap at t 0.02 nats, within the healthy flips of "
-        "calibration healthy-repeats (up to 0.03 nats; 3 flips in 40 healthy pairs)"
+        "calibration healthy-repeats (up to 0.025 nats, its largest healthy flip; 3 flips in 40 healthy pairs)"
     )
     assert "report as a bug" not in r.cause
-    for cal in (_flip_calibration(0.005), _flip_calibration(0.025, flips=0)):
+    for cal in (_flip_calibration(0.005), _flip_calibration(0.025, flips=0), _flip_calibration(0.0)):
         assert explain(*ab, [pair], [v], None, {"p": 3}, calibration=cal).pairs[0].kind == "bug"
+    # above the largest healthy flip but inside its bin (0.02 < 0.025 < 0.03): not excused either
+    # (the bin's edge excused prefix-key-collision flips); an exact-tie largest flip bounds nothing
+    wider = {**pair, "gap_a": 0.028}
+    assert explain(*ab, [wider], [v], None, {"p": 3}, calibration=_flip_calibration(0.025)).pairs[0].kind == "bug"
 
 
 def test_a_different_computation_is_never_calibrated_noise(tmp_path, ab):
