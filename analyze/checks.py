@@ -59,6 +59,20 @@ def tie_ok(f: Facts, s: SideEvidence) -> np.ndarray:
     return s.other_in_topk & within(s.gap_ulp, s.gap, f.tol["tie_ulps"], f.tol["tie_nats"])
 
 
+def tie_move_ok(f: Facts) -> np.ndarray:
+    """[P] the flip's total move, A's gap + B's gap (the candidates' gap went from +g_A in A to -g_B
+    in B), within this engine's healthy top-2 gap move (a calibration's; 0 uncalibrated: never)."""
+    ulp = np.abs(f.a.gap_ulp) + np.abs(f.b.gap_ulp)
+    nats = np.abs(f.a.gap) + np.abs(f.b.gap)
+    on = np.where(np.isfinite(ulp), f.tol["tie_move_ulps"] > 0, f.tol["tie_move_nats"] > 0)
+    return both_in_topk(f) & on & within(ulp, nats, f.tol["tie_move_ulps"], f.tol["tie_move_nats"])
+
+
+def tie_gap_ok(f: Facts) -> np.ndarray:
+    """[P] a tie: each side's gap within the tie tolerance, or their sum within the healthy gap move."""
+    return (tie_ok(f, f.a) & tie_ok(f, f.b)) | tie_move_ok(f)
+
+
 def num_ok(f: Facts, s: SideEvidence) -> np.ndarray:
     """The gap within the drift tolerance: a numeric-size gap (cache_boundary's)."""
     return s.other_in_topk & within(s.gap_ulp, s.gap, f.tol["drift_ulps"], f.tol["drift_nats"])
@@ -222,7 +236,20 @@ def _tie_reason(f: Facts, i: int) -> list[str]:
     if not (f.a.boundary_valid[i] and f.b.boundary_valid[i]):
         why = "not valid"
     t = tol(f, i, "tie", f.a.gap_ulp[i])
-    return [f"{_gaps(f, i)} beyond the tie tolerance {t} ({f.dtype[i]}), boundaries {why} ({ba} vs {bb})"]
+    out = f"{_gaps(f, i)} beyond the tie tolerance {t} ({f.dtype[i]})"
+    if (mv := move_text(f, i)) is not None:
+        out += f", and their sum {mv[0]} beyond this engine's healthy top-2 gap move {mv[1]}"
+    return [f"{out}, boundaries {why} ({ba} vs {bb})"]
+
+
+def move_text(f: Facts, i: int) -> tuple[str, str] | None:
+    """(A's gap + B's gap, the healthy gap move) as text in the unit measured, None uncalibrated."""
+    ulp = abs(f.a.gap_ulp[i]) + abs(f.b.gap_ulp[i])
+    if np.isfinite(ulp):
+        t = f.tol["tie_move_ulps"][i]
+        return (f"{num(ulp)} ulp", f"{t:g} ulp") if t > 0 else None
+    t = f.tol["tie_move_nats"][i]
+    return (f"{num(abs(f.a.gap[i]) + abs(f.b.gap[i]))} nats", f"{t:g} nats") if t > 0 else None
 
 
 def _boundary_gap_reason(f: Facts, i: int) -> list[str]:
@@ -298,7 +325,7 @@ CHECKS: tuple[Check, ...] = (
     # both candidates moved between A and B within the drift tolerance
     *_each_side("moved", FLIPS, _moved_said, move_ok, _move_reason),
     # the gap between the candidates: a tie in each trace, or a numeric-size gap across a boundary change
-    Check("tie_gap", (TIE,), _moved_said, lambda f: tie_ok(f, f.a) & tie_ok(f, f.b), _tie_reason),
+    Check("tie_gap", (TIE,), _moved_said, tie_gap_ok, _tie_reason),
     # in nats, a flip whose reused prefixes differ is the boundary claim's (never quoted: it holds)
     Check("tie_at_one_boundary", (TIE,), _never, one_boundary_or_logits, lambda f, i: []),
     Check(

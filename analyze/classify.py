@@ -89,6 +89,9 @@ class Thresholds:
     # tolerances measured for one dtype (a calibration: compare.calibrated_thresholds), applied
     # only to pairs judged on that grid, under the user's own values: ((dtype, {field: value}), ...)
     measured: tuple = ()
+    # the healthy top-2 gap move of one dtype (a calibration's gap_move, compare.calibrated_thresholds):
+    # a flip whose total move, A's gap + B's gap, lies within it is a tie: ((dtype, steps, nats), ...)
+    tie_move: tuple = ()
 
     def __post_init__(self) -> None:
         for name in (*OPTIONS, "grid_floor"):
@@ -129,7 +132,11 @@ def _check_order(t, where: str) -> None:
 def tol_columns(thr: Thresholds, dtypes: np.ndarray) -> dict[str, np.ndarray]:
     """Per pair [P] float arrays of each Tol field, from each pair's dtype name."""
     per = {d: thr.for_dtype(d) for d in set(dtypes.tolist())}
-    return {f: np.array([getattr(per[d], f) for d in dtypes.tolist()], dtype=np.float64) for f in OPTIONS}
+    out = {f: np.array([getattr(per[d], f) for d in dtypes.tolist()], dtype=np.float64) for f in OPTIONS}
+    move = {d: (u, n) for d, u, n in thr.tie_move}  # 0: no gap-move tie (uncalibrated)
+    out["tie_move_ulps"] = np.array([move.get(d, (0.0, 0.0))[0] for d in dtypes.tolist()], dtype=np.float64)
+    out["tie_move_nats"] = np.array([move.get(d, (0.0, 0.0))[1] for d in dtypes.tolist()], dtype=np.float64)
+    return out
 
 
 # -- the classifier ------------------------------------------------------------------

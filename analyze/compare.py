@@ -385,8 +385,6 @@ def calibrated_thresholds(thr: Thresholds, cal: Calibration) -> tuple[Thresholds
     }
     got["drift_ulps"] = 4.0 * got["tie_ulps"]
     wider = {k: v for k, v in got.items() if np.isfinite(v) and v > getattr(base, k) and k not in thr.given()}
-    if not wider:
-        return thr, None
     new = {k: max(getattr(base, k), wider.get(k, 0.0)) for k in ("tie_ulps", "drift_ulps", "tie_nats")}
     new |= {k: max(getattr(base, k), wider.get(k, 0.0)) for k in ("drift_nats", "drift_mean_nats")}
     new["drift_ulps"] = max(new["drift_ulps"], new["tie_ulps"])
@@ -394,10 +392,41 @@ def calibrated_thresholds(thr: Thresholds, cal: Calibration) -> tuple[Thresholds
     keep = {k: v for k, v in new.items() if k in wider or k in ("drift_ulps", "drift_nats")}
     keep = {k: v for k, v in keep.items() if v != getattr(base, k) and k not in thr.given()}
     # only for pairs on the calibration's own grid: a BF16 engine's noise says nothing of an FP32 run
-    out = dataclasses.replace(thr, measured=((cal.dtype, tuple(sorted(keep.items()))),))
-    said = ", ".join(f"{k} {getattr(base, k):g} -> {keep[k]:g}" for k in keep)
+    out = dataclasses.replace(thr, measured=((cal.dtype, tuple(sorted(keep.items()))),) if keep else ())
+    said = [f"{k} {getattr(base, k):g} -> {keep[k]:g}" for k in keep]
+    move = _tie_move(cal, thr, out.for_dtype(cal.dtype))
+    if move is not None:
+        out = dataclasses.replace(out, tie_move=((cal.dtype, move[0], move[1]),))
+        said.append(move[2])
+    if not said:
+        return thr, None
     return out, (
-        f"tolerances widened to this engine's measured noise for {cal.dtype} pairs (calibration {cal.name}): {said}"
+        f"tolerances widened to this engine's measured noise for {cal.dtype} pairs (calibration {cal.name}): "
+        + ", ".join(said)
+    )
+
+
+def _tie_move(cal: Calibration, thr: Thresholds, tie) -> tuple[float, float, str] | None:
+    """(steps, nats, what) of the gap-move tie: a flip whose A's gap + B's gap is within the largest
+    top-2 gap move of this engine's healthy pairs (p100 over every compared position: a large sample,
+    e.g. 608 pairs x 32 positions) is a tie, wherever its single gaps lie. The run-level flip test
+    stays the guard against too many such flips. None when the calibration measured no move or the
+    user gave a tie tolerance (kept as given); a unit whose move is within the per-side tie (`tie`,
+    the widened Tol) adds nothing there (each gap <= the sum) and is left off (0)."""
+    gm = cal.gap_move_max
+    if gm is None or {"tie_ulps", "tie_nats"} & set(thr.given()):
+        return None
+    nats, steps = gm
+    steps = steps if steps is not None and steps > tie.tie_ulps else 0.0
+    nats = nats if nats > tie.tie_nats else 0.0
+    if nats <= 0 and steps <= 0:
+        return None
+    unit = " / ".join(x for x in (f"{steps:g} steps" if steps else "", f"{nats:.3g} nats" if nats else "") if x)
+    n = cal.gap_move.get("n", 0)
+    return (
+        steps,
+        nats,
+        f"a flip whose A's + B's gap is within the healthy top-2 gap move p100 {unit} ({n} positions) is a tie",
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import Judged, failures
+from .checks import Judged, failures, move_text, tie_ok
 from .facts import FLIP, Facts
 from .wording import dist, drift_text, tol
 
@@ -77,8 +77,15 @@ def _benign_flip(f: Facts, i: int, cls: str) -> str:
         else f"boundaries {f.a.boundary[i]} vs {f.b.boundary[i]}, a numeric-size gap {where}"
     )
     a, b = f.a, f.b
-    return (
-        f"{head}: |gap| A {dist(a.gap[i], a.gap_ulp[i])} <= {tol(f, i, kind, a.gap_ulp[i])}, "
-        f"B {dist(b.gap[i], b.gap_ulp[i])} <= {tol(f, i, kind, b.gap_ulp[i])}; each chose its own top-1; "
-        f"{_moved(f, i)}; {drift_text(f, f.main, i)}"
+    gaps = (
+        f"|gap| A {dist(a.gap[i], a.gap_ulp[i])} <= {tol(f, i, kind, a.gap_ulp[i])}, "
+        f"B {dist(b.gap[i], b.gap_ulp[i])} <= {tol(f, i, kind, b.gap_ulp[i])}"
     )
+    if kind == "tie" and not (tie_ok(f, a)[i] and tie_ok(f, b)[i]):  # the gap-move tie (a calibration's)
+        total, healthy = move_text(f, i)
+        gaps = (
+            f"|gap| A {dist(a.gap[i], a.gap_ulp[i])} + B {dist(b.gap[i], b.gap_ulp[i])} = {total} moved, within "
+            f"this engine's healthy top-2 gap move {healthy} (calibrated p100; beyond the per-side tie "
+            f"{tol(f, i, kind, a.gap_ulp[i])})"
+        )
+    return f"{head}: {gaps}; each chose its own top-1; {_moved(f, i)}; {drift_text(f, f.main, i)}"

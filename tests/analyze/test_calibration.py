@@ -172,6 +172,11 @@ def test_a_calibration_widens_the_per_pair_tolerances_never_narrows_them(cal_bf1
 # noise (drift, a moved candidate: within twice this engine's measured drift). Every other bug
 # must stay unexplained however wide the engine's measured noise.
 MAGNITUDE_ONLY = {"drift_before_t", "candidate_moved"}
+# A wide healthy top-2 gap move (12 steps / 3 nats) makes a flip whose two gaps sum within it a tie:
+# the EOS-policy cases whose flip at the EOS is otherwise unexplained only by its gap size (8 ulp; 1 +
+# 1 nats under moves allowed 3 nats) are then tie-sized flips. Every structural bug stays unexplained.
+WIDE_MOVE = {"n": 100_000, "nats": {"p100": 3.0}, "steps": {"p100": 12.0}}
+MOVE_MAGNITUDE_ONLY = {"l_top1_not_eos", "eos_unknown", "eos_not_a_s"}
 
 
 @pytest.mark.parametrize(
@@ -184,7 +189,8 @@ MAGNITUDE_ONLY = {"drift_before_t", "candidate_moved"}
         "test_redteam_eos_policy",
     ],
 )
-def test_a_wide_calibration_excuses_no_structural_bug(tmp_path, family):
+@pytest.mark.parametrize("move", [None, WIDE_MOVE], ids=["flip-gaps", "and-gap-move"])
+def test_a_wide_calibration_excuses_no_structural_bug(tmp_path, family, move):
     """Why it matters: the calibration widens tolerances; it must never widen a hard check
     (greedy choice, sane rows, truncation, unknown ids, EOS policy, the grid an FP32 run is on)."""
     import importlib
@@ -198,10 +204,13 @@ def test_a_wide_calibration_excuses_no_structural_bug(tmp_path, family):
     wide = Calibration(
         "wide", "bf16", {}, 100, GapBins("nats", NATS_EDGES, (1000,) * n, (10,) * n),
         GapBins("steps", STEP_EDGES, (1000,) * m, (10,) * m), {"p100": 1.5}, {"p100": 0.2}, 1.5, 6.0,
+        gap_move=move,
     )  # fmt: skip
     excused = []
     for name, c in mod.CASES.items():
         if name in getattr(mod, "FOOLED", {}) or name in MAGNITUDE_ONLY:
+            continue
+        if move is not None and name in MOVE_MAGNITUDE_ONLY:
             continue
         d = tmp_path / name
         d.mkdir()
