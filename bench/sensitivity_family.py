@@ -150,9 +150,13 @@ def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -
             alarms.append({"run": i, **counts, "trace": conc})
             log(f"{dtype} healthy run {i}: {counts}")
         half = max(1, len(alarms) // 2)
-        cal = measure([(str(base), str(a["trace"])) for a in alarms[:half]], f"{dtype}-healthy-c{CONCURRENCY}")
+        ref = _reference(base, work / f"{dtype}_reference_fp32.h5")
+        # with the reference: each healthy side's error against it sets the "both far" ceiling
+        cal = measure(
+            [(str(base), str(a["trace"])) for a in alarms[:half]], f"{dtype}-healthy-c{CONCURRENCY}", reference=ref
+        )
         cal_path = write_calibration(cal, work / f"{dtype}_calibration.json")
-        yardstick = {"calibration": cal, "reference": _reference(base, work / f"{dtype}_reference_fp32.h5")}
+        yardstick = {"calibration": cal, "reference": ref}
         held_out = []
         for a in alarms[half:]:
             r = diff(base, a["trace"], **yardstick)
