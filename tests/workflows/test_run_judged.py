@@ -116,7 +116,7 @@ def test_calibration_comes_from_healthy_repeats_only_and_the_fault_cell_names_th
     root, _ = run_dir
     assert sorted(p.name for p in (root / "calibration").iterdir()) == ["ref.fp32.cache-on.json"]
     cal = json.loads((root / "calibration" / "ref.fp32.cache-on.json").read_text())
-    assert cal["schema"] == "tracekit.calibration/1" and cal["pairs"] == 4
+    assert cal["schema"] == "tracekit.calibration/2" and cal["pairs"] == 4 and "gap_move" in cal
     assert "healthy repeats of target ref" in cal["name"]
     srcs = [s[k] for s in cal["sources"] for k in ("a", "b")]
     assert srcs == [
