@@ -111,10 +111,19 @@ def test_more_flips_than_the_calibration_predicts_fail_the_run(cal_bf16):
 def test_a_flip_above_the_largest_calibrated_flip_gap_is_named(cal_bf16):
     """A flip at a gap no healthy repeat ever flipped at is listed by key, whatever the count."""
     cal = _strict(cal_bf16, 0.2)  # frequent flips, but only below 1e-4 nats
-    r = diff(*_pair("bf16", "prefix8", 8), eos=(0,), calibration=cal)  # c4 and c6 flip at 0.0625 nats in A
-    flipped = {k for k, pos in zip(r.columns["key"], r.columns["position"]) if pos >= 0}
+    # the committed demo run's flips (which keys flip, and at which gap, depends on its batch
+    # timing): the first BF16 cell with a flip above the strict calibration's largest (5e-5 nats)
+    for prompts, conc in [(p, c) for p in PROMPTS for c in (4, 8)]:
+        r = diff(*_pair("bf16", prompts, conc), eos=(0,), calibration=cal)
+        c = r.columns
+        flips = {str(k): float(g) for k, pos, g in zip(c["key"], c["position"], c["gap_a"]) if pos >= 0}
+        if any(g > 5e-5 for g in flips.values()):
+            break
+    else:
+        pytest.fail("no BF16 cell of the demo run flips above 5e-5 nats: regenerate traces/demo")
     gaps = dict(r.flip_test.beyond)
-    assert set(gaps) == flipped == {"c4", "c6"} and all(g == 0.0625 for g in gaps.values())
+    assert gaps == pytest.approx({k: g for k, g in flips.items() if g > 5e-5})  # each named, with A's gap
+    assert all(k not in gaps for k, g in flips.items() if g <= 5e-5)  # exact ties are within the healthy flips
     assert not r.ok and all(k in r.flip_test.line() for k in gaps)
 
 
