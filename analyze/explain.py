@@ -256,13 +256,35 @@ def within_noise(p: dict, cal, counts: dict) -> str | None:
     steps = cal.flip_steps is not None and p.get("gap_a_ulp") is not None and p.get("dtype_a") == cal.dtype
     gap = p.get("gap_a_ulp") if steps else p.get("gap_a")
     edge = healthy_edge(cal, steps)
-    if gap is None or edge <= 0 or not gap <= edge:
-        return None
     unit = "steps" if steps else "nats"
+    if gap is not None and edge > 0 and gap <= edge:
+        pass
+    elif (moved := _within_gap_move(p, cal, steps)) is not None:
+        return moved
+    else:
+        return None
     bound = f"up to {edge:.3g} {unit}, its largest healthy flip"
     return (
         f"A's top-2 gap at t {gap:.3g} {unit}, within the healthy flips of calibration {cal.name} "
         f"({bound}; {cal.flip_nats.total_flips} flips in {cal.pairs} healthy pairs)"
+    )
+
+
+def _within_gap_move(p: dict, cal, steps: bool) -> str | None:
+    """The phrase when A's + B's gap at t (how far the top-2 gap moved between A and B) lies within
+    this engine's largest healthy top-2 gap move (calibrate's `gap_move`, the same rule the
+    per-pair tie uses: compare._tie_move), else None."""
+    gm = cal.gap_move_max
+    if gm is None:
+        return None
+    bound = gm[1] if steps else gm[0]
+    ga, gb = (p.get("gap_a_ulp"), p.get("gap_b_ulp")) if steps else (p.get("gap_a"), p.get("gap_b"))
+    if bound is None or ga is None or gb is None or not (ga + gb <= bound):
+        return None
+    unit = "steps" if steps else "nats"
+    return (
+        f"A's + B's top-2 gap at t {ga:.3g} + {gb:.3g} = {ga + gb:.3g} {unit}, within the healthy top-2 gap "
+        f"move of calibration {cal.name} (up to {bound:.3g} {unit}, p100 over {cal.gap_move.get('n', 0)} positions)"
     )
 
 
@@ -387,13 +409,22 @@ def explain(
         )
     else:
         notes.append(f"numeric bound {drift_nats:g} nats (given)")
+    gap_nats = None  # the A/B gap at t of a run that gave B's token: the healthy top-2 gap move
+    if calibration is not None and calibration.gap_move_max is not None:
+        gap_nats = calibration.gap_move_max[0]
+        if gap_nats > drift_nats:
+            notes.append(
+                f"gap bound {gap_nats:.3g} nats at t: this engine's healthy top-2 gap move (p100 over "
+                f"{calibration.gap_move.get('n', 0)} positions, calibration {calibration.name})"
+            )
     with TraceReader(a) as ra, TraceReader(b) as rb:
         b_dtype = pair_grids(rb.meta.record).a.dtype  # B alone: its own grid
         rows = ra.requests.index_by_key()
         scorers = {}
         for p in pairs:
             cols = ra.tokens(rows[p["key"]])
-            scorers[p["key"]] = Scorer(p, cols.token_id, cols.logprob.astype(np.float64), drift_nats)
+            lps = cols.logprob.astype(np.float64)
+            scorers[p["key"]] = Scorer(p, cols.token_id, lps, drift_nats, gap_nats=gap_nats)
     if teacher:
         refs = read_reference_rows(teacher, set(scorers))
         for key, (ids, lps) in refs.items():

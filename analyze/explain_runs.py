@@ -65,9 +65,19 @@ def _gap(ids: np.ndarray, lps: np.ndarray, a: int, b: int) -> float | None:
 class Scorer:
     """Scores variant runs against one pair: A's tokens and logprobs up to t."""
 
-    def __init__(self, pair: dict, a_ids: np.ndarray, a_lps: np.ndarray, drift_nats: float, mates: int = 0):
+    def __init__(
+        self,
+        pair: dict,
+        a_ids: np.ndarray,
+        a_lps: np.ndarray,
+        drift_nats: float,
+        mates: int = 0,
+        gap_nats: float | None = None,
+    ):
         self.p, self.t = pair, int(pair["position"])
         self.a_ids, self.a_lps, self.drift_nats = a_ids[: self.t], a_lps[: self.t], drift_nats
+        # the bound on the A/B gap at t in a run that gave B's token (default: the drift bound)
+        self.gap_nats = drift_nats if gap_nats is None else max(gap_nats, drift_nats)
         self.counts: dict[tuple[str, str], VariantCount] = {}
         self.mates = mates
         self.ref: tuple[np.ndarray, np.ndarray] | None = None  # FP32 reference top-k rows [<= t+1, k]
@@ -105,7 +115,7 @@ class Scorer:
             if t and np.isnan(diffs).any():
                 drift = float("inf")  # a NaN never hides drift
             g = float("inf") if gap is None else gap
-            if drift <= self.drift_nats and g <= self.drift_nats:
+            if drift <= self.drift_nats and g <= self.gap_nats:
                 vc.b_numeric += 1
             elif vc.worst is None or max(drift, g) > max(vc.worst):
                 vc.worst = (drift, g)

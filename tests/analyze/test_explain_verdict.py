@@ -294,3 +294,48 @@ def test_a_different_computation_is_never_calibrated_noise(tmp_path, ab):
     pair = {**PAIR, "gap_a": 0.02, "gap_a_ulp": None, "dtype_a": "bf16"}
     r = explain(*ab, [pair], [v], None, {"p": 3}, calibration=_flip_calibration(0.025)).pairs[0]
     assert r.kind == "bug" and r.loud
+
+
+def _moving_calibration(move_nats: float):
+    """A healthy engine whose drift and flips are small (numeric bound 0.2 nats) but whose top-2
+    gap moves by up to `move_nats` between two healthy runs (calibrate's gap_move p100)."""
+    import dataclasses
+
+    cal = _flip_calibration(0.1)
+    return dataclasses.replace(
+        cal, gap_move={"n": 600, "nats": {"p50": 0.2, "p99": move_nats * 0.8, "p100": move_nats}, "steps": None}
+    )
+
+
+def test_a_burst_gap_within_the_healthy_gap_move_is_batch_composition(tmp_path, ab):
+    """The H200 Qwen3-4B-shaped pair: bursts give B's token with B 1.5 nats above A's (a healthy
+    padded batch moves the top-2 gap that far), drift before t tiny. The 0.5-nat default and a
+    calibration that knows only flip gaps call it a bug; one that measured the gap move (2 nats)
+    names batch composition, and says the bound; a smaller measured move (1 nat) keeps it a bug."""
+    from tracekit.analyze.explain import numeric_bound
+
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", token_seqs=[[5, 6, 9]] * 3, near={2: (9, 7, -0.2, -1.7)})
+    v = write(tmp_path / "v.h5", rows)
+    assert numeric_bound(_flip_calibration(0.1)) == pytest.approx(0.2)
+    assert explain(*ab, [PAIR], [v], None, {"p": 3}).pairs[0].kind == "bug"
+    assert explain(*ab, [PAIR], [v], None, {"p": 3}, calibration=_flip_calibration(0.1)).pairs[0].kind == "bug"
+    r = explain(*ab, [PAIR], [v], None, {"p": 3}, calibration=_moving_calibration(2.0))
+    assert r.pairs[0].kind == "batch_composition" and "B's token in 3/3 bursts" in r.pairs[0].cause
+    assert any(n.startswith("gap bound 2 nats at t: this engine's healthy top-2 gap move") for n in r.notes)
+    assert explain(*ab, [PAIR], [v], None, {"p": 3}, calibration=_moving_calibration(1.0)).pairs[0].kind == "bug"
+
+
+def test_a_flip_within_the_healthy_gap_move_is_calibrated_noise(tmp_path, ab):
+    """No sampled run tipped the pair; A's gap 0.25 + B's 1.5 nats lies beyond every healthy flip
+    (0.1) but within the healthy gap move (2 nats): this engine's calibrated noise, with the sum
+    and the bound in the cause. Within a 1-nat move: not excused."""
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", **_as_a(3))
+    v = write(tmp_path / "v.h5", rows)
+    pair = {**PAIR, "gap_a": 0.25, "gap_b": 1.5, "gap_a_ulp": None, "dtype_a": "bf16"}
+    r = explain(*ab, [pair], [v], None, {"p": 3}, calibration=_moving_calibration(2.0)).pairs[0]
+    assert r.kind == "calibrated_noise" and r.ok and not r.loud
+    assert "A's + B's top-2 gap at t 0.25 + 1.5 = 1.75 nats, within the healthy top-2 gap move" in r.cause
+    assert "up to 2 nats, p100 over 600 positions" in r.cause
+    assert explain(*ab, [pair], [v], None, {"p": 3}, calibration=_moving_calibration(1.0)).pairs[0].kind == "bug"
