@@ -50,6 +50,7 @@ def _side(token: int, other: int) -> SideEvidence:
 
 def facts(**over) -> Facts:
     tol = {k: np.full(P, float(v)) for k, v in asdict(DEFAULTS["bf16"]).items()}
+    tol.update(tie_move_ulps=np.zeros(P), tie_move_nats=np.zeros(P))  # uncalibrated: no gap-move tie
     f = Facts(
         key=np.array(["k0", "k1"], object), incomparable=np.full(P, "", object), kind=np.full(P, FLIP, np.int8),
         position=np.full(P, 5), compared=np.full(P, 12), a=_side(7, 9), b=_side(9, 7), topk_overlap=np.ones(P),
@@ -240,6 +241,24 @@ def test_tie_gap():
     f = _side_with(_side_with(facts(), "a", gap_ulp=5.0), "b", gap_ulp=2.0)
     assert _fails(f, "tie_gap") == (
         "|gap| A 5 ulp, B 2 ulp beyond the tie tolerance 4 ulp (bf16), boundaries equal (0 vs 0)"
+    )
+
+
+def test_tie_gap_within_the_healthy_gap_move():
+    """The H200 Qwen3-4B pair: A 1 ulp, B 6 ulp. Beyond the 4-ulp tie uncalibrated; a tie where the
+    calibration measured a healthy top-2 gap move of 7 ulp (the sum's bound); beyond a 6-ulp move."""
+    f = _side_with(facts(), "b", gap_ulp=6.0)
+    assert (
+        _fails(f, "tie_gap")
+        == "|gap| A 1 ulp, B 6 ulp beyond the tie tolerance 4 ulp (bf16), boundaries equal (0 vs 0)"
+    )
+    f.tol = {**f.tol, "tie_move_ulps": np.full(P, 7.0)}
+    assert _check("tie_gap").mask(f).tolist() == [True, True]
+    assert checks.judge(f).cls.tolist() == ["bf16_tie_flip"] * 2
+    f.tol = {**f.tol, "tie_move_ulps": np.full(P, 6.0)}
+    assert _fails(f, "tie_gap") == (
+        "|gap| A 1 ulp, B 6 ulp beyond the tie tolerance 4 ulp (bf16), and their sum 7 ulp beyond this "
+        "engine's healthy top-2 gap move 6 ulp, boundaries equal (0 vs 0)"
     )
 
 
