@@ -9,45 +9,13 @@ mask appears once the keys outgrow the window."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+from support.random_models import save_random_model
 
 TINY = Path(__file__).resolve().parents[3] / "fixtures" / "models" / "tiny"
 PROMPTS = Path(__file__).resolve().parents[3] / "fixtures" / "prompts" / "tiny.jsonl"
-
-
-def _save_random(kind: str, out: Path) -> Path:
-    """A random-weight Llama or Gemma3 (one sliding layer, window 24, then a global one)."""
-    import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    common = dict(
-        vocab_size=2048,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=1,
-        tie_word_embeddings=True,
-    )
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
-        model = Gemma3ForCausalLM(
-            Gemma3TextConfig(**common, sliding_window=24, layer_types=["sliding_attention", "full_attention"])
-        )
-    model.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TINY / name, out / name)
-    return out
 
 
 def _prompts() -> list[list[int]]:
@@ -137,7 +105,7 @@ def torch_finite(x) -> bool:
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_inline_path_bitwise_other_architectures(kind, tmp_path):
-    model = _save_random(kind, tmp_path / kind)
+    model = save_random_model(kind, tmp_path / kind)
     _assert_bitwise(model, "bf16", "inline")
 
 
@@ -148,7 +116,7 @@ def test_inline_masks_come_from_the_recorded_calls(tmp_path):
 
     from tracekit.engine.executor import ModelExecutor
 
-    model = _save_random("gemma3", tmp_path / "g")
+    model = save_random_model("gemma3", tmp_path / "g")
     ex = ModelExecutor(model, "fp32", "sdpa", "cpu", slots=2, max_context=128, decode_graphs="inline")
     p = _prompts()[0]  # 5 tokens: the window (24) is crossed after 19 steps
     nxt = int(ex.prefill(0, p, 0).argmax(-1))
@@ -194,4 +162,4 @@ def test_cuda_graphs_bitwise_tiny_qwen3(dtype):
 @cuda
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_cuda_graphs_bitwise_other_architectures(kind, tmp_path):
-    _assert_bitwise(_save_random(kind, tmp_path / kind), "bf16", "graphs", "cuda")
+    _assert_bitwise(save_random_model(kind, tmp_path / kind), "bf16", "graphs", "cuda")
