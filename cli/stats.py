@@ -16,7 +16,8 @@ Examples:
 
 
 @click.command(epilog=EPILOG)
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
+# FILES: no click exists-check, so a missing file gets the readers' one-line error (exit 3), as in diff and inspect
+@click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.percentiles/1).")
 @click.option(
     "--reference",
