@@ -39,14 +39,8 @@ The verdict (first rule that fires), with counts:
 6. `bug`: not reproduced by any numeric variant. A pair whose class was benign
    lands here loudly.
 
-With a calibration, a pair that rule 5 or the not-reproduced form of rule 6 would name, whose
-class is benign, whose runs show no different computation (no run gave B's token non-numerically
-or left A's tokens before t) and whose flip lies within this engine's measured healthy flips (A's
-top-2 gap at t at most the largest gap the calibration saw a healthy repeat flip at, to its bin's
-edge, as the run-level test counts `beyond`), is `calibrated_noise`: a near-tie of the size this healthy
-engine flips at, which the sampled runs did not tip — not a bug. The batched-path-error form of
-rule 6 (measured against the FP32 reference) is never excused. A calibration that saw no
-healthy flip excuses nothing.
+With a calibration, a benign pair no sampled run tipped, at a flip this healthy engine's noise
+covers, is `calibrated_noise` (explain_noise.py says when).
 
 Which side is right: the side whose token the FP32 `full`-history argmax picks
 (teacher-forced), else the FP32 configuration's cold runs (the majority).
@@ -63,18 +57,13 @@ from tracekit.store import TraceReader
 from tracekit.variants import ALONE, BURST, COLD, Variant
 from tracekit.verdicts import BENIGN as _BENIGN
 
+from .explain_noise import numeric_bound, within_noise
 from .explain_runs import Scorer, VariantCount, read_reference_rows, read_teacher, read_variants
 from .grid import pair_grids
 from .reference import FLOOR, RATIO_MIN
 
 NOT_REPRODUCED = "not reproduced by any numeric variant — report as a bug"
 DEFAULT_DRIFT_NATS = 0.5  # uncalibrated: the documented default (docs/explain.md)
-
-
-def numeric_bound(cal) -> float:
-    """The calibrated numeric bound (nats): twice the largest healthy drift or flip gap."""
-    drift = float(cal.drift_max_nats.get("p100", 0.0) or 0.0)
-    return max(2.0 * max(drift, cal.flip_gap_max_nats), 1e-6)
 
 
 BENIGN = tuple(v.value for v in _BENIGN)  # tracekit/verdicts.py
@@ -241,51 +230,6 @@ def verdict(p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates:
         extra.append(f"alone, A's and B's tokens are {span} nats apart at t{near}")
     tail = f" ({'; '.join(([live] if live else []) + extra + early)})"
     return "bug", NOT_REPRODUCED + tail
-
-
-def within_noise(p: dict, cal, counts: dict) -> str | None:
-    """With a calibration: the phrase saying that this benign pair's flip lies within the engine's
-    measured healthy flips (see the module docstring), or None. Never when a run shows a different
-    computation: B's token back but not numerically, or A's tokens left before t."""
-    from .flip_rate import healthy_edge
-
-    if cal is None or p.get("class") not in BENIGN:
-        return None
-    if any(c.b > c.b_numeric or c.early for c in counts.values()):
-        return None
-    steps = cal.flip_steps is not None and p.get("gap_a_ulp") is not None and p.get("dtype_a") == cal.dtype
-    gap = p.get("gap_a_ulp") if steps else p.get("gap_a")
-    edge = healthy_edge(cal, steps)
-    unit = "steps" if steps else "nats"
-    if gap is not None and edge > 0 and gap <= edge:
-        pass
-    elif (moved := _within_gap_move(p, cal, steps)) is not None:
-        return moved
-    else:
-        return None
-    bound = f"up to {edge:.3g} {unit}, its largest healthy flip"
-    return (
-        f"A's top-2 gap at t {gap:.3g} {unit}, within the healthy flips of calibration {cal.name} "
-        f"({bound}; {cal.flip_nats.total_flips} flips in {cal.pairs} healthy pairs)"
-    )
-
-
-def _within_gap_move(p: dict, cal, steps: bool) -> str | None:
-    """The phrase when A's + B's gap at t (how far the top-2 gap moved between A and B) lies within
-    this engine's largest healthy top-2 gap move (calibrate's `gap_move`, the same rule the
-    per-pair tie uses: compare._tie_move), else None."""
-    gm = cal.gap_move_max
-    if gm is None:
-        return None
-    bound = gm[1] if steps else gm[0]
-    ga, gb = (p.get("gap_a_ulp"), p.get("gap_b_ulp")) if steps else (p.get("gap_a"), p.get("gap_b"))
-    if bound is None or ga is None or gb is None or not (ga + gb <= bound):
-        return None
-    unit = "steps" if steps else "nats"
-    return (
-        f"A's + B's top-2 gap at t {ga:.3g} + {gb:.3g} = {ga + gb:.3g} {unit}, within the healthy top-2 gap "
-        f"move of calibration {cal.name} (up to {bound:.3g} {unit}, p100 over {cal.gap_move.get('n', 0)} positions)"
-    )
 
 
 def _engine_history(boundary: int, dtype: str) -> str:

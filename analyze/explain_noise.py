@@ -1,0 +1,71 @@
+"""explain's yardstick from a calibration of the engine under test (`tracekit calibrate`).
+
+- `numeric_bound`: a run that gave B's token is numeric when its drift before t, and its A/B gap
+  at t, stay within twice the largest of the calibration's healthy drift and flip gap (the gap at
+  t may also reach the healthy top-2 gap move: explain.explain passes it to the Scorer).
+- `within_noise`: a pair that the not-reproduced `bug` or `unresolved` rule would name, whose
+  class is benign and whose runs show no different computation (no run gave B's token
+  non-numerically or left A's tokens before t), is `calibrated_noise` when its flip lies within
+  this engine's healthy noise: A's top-2 gap at t at most the largest gap a healthy repeat
+  flipped at (that flip itself, flip_rate.healthy_edge), or A's + B's gap within the healthy
+  top-2 gap move (the per-pair tie's rule, compare._tie_move). The batched-path-error `bug`
+  (measured against the FP32 reference) is never excused; a calibration that saw no healthy
+  flip, or whose largest was an exact tie, excuses nothing by the flip rule.
+"""
+
+from __future__ import annotations
+
+from tracekit.verdicts import BENIGN as _BENIGN
+
+BENIGN = tuple(v.value for v in _BENIGN)
+
+
+def numeric_bound(cal) -> float:
+    """The calibrated numeric bound (nats): twice the largest healthy drift or flip gap."""
+    drift = float(cal.drift_max_nats.get("p100", 0.0) or 0.0)
+    return max(2.0 * max(drift, cal.flip_gap_max_nats), 1e-6)
+
+
+def within_noise(p: dict, cal, counts: dict) -> str | None:
+    """With a calibration: the phrase saying that this benign pair's flip lies within the engine's
+    measured healthy flips (see the module docstring), or None. Never when a run shows a different
+    computation: B's token back but not numerically, or A's tokens left before t."""
+    from .flip_rate import healthy_edge
+
+    if cal is None or p.get("class") not in BENIGN:
+        return None
+    if any(c.b > c.b_numeric or c.early for c in counts.values()):
+        return None
+    steps = cal.flip_steps is not None and p.get("gap_a_ulp") is not None and p.get("dtype_a") == cal.dtype
+    gap = p.get("gap_a_ulp") if steps else p.get("gap_a")
+    edge = healthy_edge(cal, steps)
+    unit = "steps" if steps else "nats"
+    if gap is not None and edge > 0 and gap <= edge:
+        pass
+    elif (moved := _within_gap_move(p, cal, steps)) is not None:
+        return moved
+    else:
+        return None
+    bound = f"up to {edge:.3g} {unit}, its largest healthy flip"
+    return (
+        f"A's top-2 gap at t {gap:.3g} {unit}, within the healthy flips of calibration {cal.name} "
+        f"({bound}; {cal.flip_nats.total_flips} flips in {cal.pairs} healthy pairs)"
+    )
+
+
+def _within_gap_move(p: dict, cal, steps: bool) -> str | None:
+    """The phrase when A's + B's gap at t (how far the top-2 gap moved between A and B) lies within
+    this engine's largest healthy top-2 gap move (calibrate's `gap_move`, the same rule the
+    per-pair tie uses: compare._tie_move), else None."""
+    gm = cal.gap_move_max
+    if gm is None:
+        return None
+    bound = gm[1] if steps else gm[0]
+    ga, gb = (p.get("gap_a_ulp"), p.get("gap_b_ulp")) if steps else (p.get("gap_a"), p.get("gap_b"))
+    if bound is None or ga is None or gb is None or not (ga + gb <= bound):
+        return None
+    unit = "steps" if steps else "nats"
+    return (
+        f"A's + B's top-2 gap at t {ga:.3g} + {gb:.3g} = {ga + gb:.3g} {unit}, within the healthy top-2 gap "
+        f"move of calibration {cal.name} (up to {bound:.3g} {unit}, p100 over {cal.gap_move.get('n', 0)} positions)"
+    )
