@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.capture_helpers import wait_ok_rows, write_prompts
+from support.capture_helpers import sigint_default, wait_ok_rows, write_prompts
 from support.replay import ReplayServer, routes_for
 
 from tracekit.errors import TracekitError
@@ -146,6 +146,7 @@ def test_interrupt_leaves_cancelled_rows(tmp_path):
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=sigint_default,
         )
         srv.wait_requests(2)
         wait_ok_rows(out, p, {"a"})

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.capture_helpers import TOKENIZER, wait_ok_rows, write_prompts
+from support.capture_helpers import TOKENIZER, sigint_default, wait_ok_rows, write_prompts
 from support.replay import ReplayServer, Transcript, load, routes_for
 
 from tracekit.errors import ConfigError
@@ -194,6 +194,7 @@ def test_ctrl_c_says_how_to_complete_the_run(tmp_path):
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=sigint_default,
         )
         srv.wait_requests(2)
         wait_ok_rows(out, p, {"a"})

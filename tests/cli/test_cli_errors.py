@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.capture_helpers import sigint_default
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,7 +114,12 @@ def test_keyboard_interrupt_exits_130():
 def test_sigint_exits_130():
     """A real Ctrl-C (SIGINT) while a command runs."""
     p = subprocess.Popen(
-        [sys.executable, "-c", CHILD, "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        [sys.executable, "-c", CHILD, "wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=sigint_default,
     )
     try:
         assert p.stderr.readline().strip() == "ready"  # the command is running: wait on it, not on a clock

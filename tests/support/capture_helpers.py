@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -33,3 +34,11 @@ def wait_ok_rows(out: Path, proc: subprocess.Popen, keys: set[str], timeout: flo
                 return
         time.sleep(0.05)
     raise AssertionError(f"{out}: ok rows {sorted(keys)} not written (capture exit code {proc.poll()})")
+
+
+def sigint_default() -> None:
+    """Popen's preexec_fn for a child that a test will Ctrl-C: SIGINT back to its default, so that
+    Python installs its KeyboardInterrupt handler there. A shell without job control starts
+    background jobs (`pytest ... &`) with SIGINT ignored, and children inherit an ignored signal:
+    the SIGINT tests then waited 60 s on a child that never saw it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
