@@ -335,18 +335,8 @@ class App:
             await resp.prepare(request)
             await send(chat_chunk(cid, self.name, {"role": "assistant", "content": ""}, None, None, p))
             n, finish = 0, None
-            while finish is None:
-                ev = await events.get()
-                if isinstance(ev, ErrorEvent):
-                    await send(error_body(ev.message, "server_error"))
-                    break
+            async for ev, delta, _, finish in self._tokens(req, events, text, send):
                 n += 1
-                delta, _ = text.push(ev.token_id)
-                finish = "stop" if text.stop_hit else ev.finish
-                if text.stop_hit:
-                    self.engine.cancel(req, "stop")
-                if finish:
-                    delta += text.flush()
                 lp = [chat_logprob_entry(ev, tok, p)] if p.logprobs is not None else None
                 extra = {"token_ids": [ev.token_id]} if p.return_token_ids else {}
                 await send(chat_chunk(cid, self.name, {"content": delta}, lp, finish, p, **extra))
@@ -442,6 +432,24 @@ class App:
             pass
         return resp
 
+    async def _tokens(self, req, events, text, send):
+        """The streamed routes' one loop: each generated token as (event, text delta, its offset,
+        finish or None); a stop string cancels the request and ends the stream, the last delta
+        carries the flushed text; an engine error is sent as an error body and ends it."""
+        finish = None
+        while finish is None:
+            ev = await events.get()
+            if isinstance(ev, ErrorEvent):
+                await send(error_body(ev.message, "server_error"))
+                return
+            delta, off = text.push(ev.token_id)
+            finish = "stop" if text.stop_hit else ev.finish
+            if text.stop_hit:
+                self.engine.cancel(req, "stop")
+            if finish:
+                delta += text.flush()
+            yield ev, delta, off, finish
+
     async def _relay(self, resp, p, req, events, cid, text, send) -> None:
         n = 0
 
@@ -461,18 +469,8 @@ class App:
             return out
 
         finish = None
-        while finish is None:
-            ev = await events.get()
-            if isinstance(ev, ErrorEvent):
-                await send(error_body(ev.message, "server_error"))
-                break
+        async for ev, delta, off, finish in self._tokens(req, events, text, send):
             n += 1
-            delta, off = text.push(ev.token_id)
-            finish = "stop" if text.stop_hit else ev.finish
-            if text.stop_hit:
-                self.engine.cancel(req, "stop")
-            if finish:
-                delta += text.flush()
             await send(chunk(delta, finish, text.stop_hit, ev, off))
         if p.include_usage and finish is not None:
             await send(envelope(cid, self.name, [], usage(len(p.prompt_ids), n, req.cached_tokens_reported)))
