@@ -9,16 +9,17 @@ does not classify (classify.py) or print (diff_report.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from tracekit.errors import AlignmentError
 
-from .sides import Side, load_side, parse_select, top1
+from .sides import Side, load_side, parse_select, scanned, top1
 from .streams import Asked, asked, requests_differ, sampled_reason
 
-__all__ = ["Alignment", "Side", "align", "load_side", "parse_select", "segments", "top1"]
+__all__ = ["Alignment", "Side", "align", "load_side", "parse_select", "segments", "top1", "with_scans"]
 
 
 def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,6 +160,17 @@ def align(a: Side, b: Side) -> Alignment:
         tuple(asked_a),
         tuple(asked_b),
     )
+
+
+def with_scans(al: Alignment) -> Alignment:
+    """The alignment over both sides after their top-k pass (sides.scanned), each keeping its
+    top-k rows at the pairs' first differences: the only rows classify reads (evidence.py),
+    taken from the pass instead of reading (and checksumming) their chunks again."""
+    from .positions import first_divergence  # positions builds on this module
+
+    t, _, _ = first_divergence(al)
+    d = np.flatnonzero(t < al.length)
+    return dataclasses.replace(al, a=scanned(al.a, al.off_a[d] + t[d]), b=scanned(al.b, al.off_b[d] + t[d]))
 
 
 def _ambiguous_reason(a: Side, b: Side, keys: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> np.ndarray:

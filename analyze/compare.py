@@ -20,7 +20,7 @@ from tracekit.errors import ConfigError, UsageError
 from tracekit.store import TraceReader, read_token_rows
 from tracekit.verdicts import BENIGN
 
-from .align import Side, align, load_side, parse_select
+from .align import Side, align, load_side, parse_select, with_scans
 from .classify import Thresholds, classify
 from .eos_policy import ignore_eos_note
 from .grid import Grid, PairGrids, normalise, pair_grids
@@ -189,10 +189,11 @@ def diff(
                 f"A and B are the same file ({ra.path}); pass two traces "
                 "(or --a-select/--b-select to compare rows of one teacher-forced file)"
             )
-        side_a = load_side(ra, _as_select(a_select), "a")
-        side_b = load_side(rb, _as_select(b_select), "b")
+        side_a = load_side(ra, _as_select(a_select), "a", scan_rows=False)
+        side_b = load_side(rb, _as_select(b_select), "b", scan_rows=False)
         ids, src = eos_ids(side_a, side_b, eos, tokenizer)
-        al = align(side_a, side_b)
+        al = with_scans(align(side_a, side_b))  # the top-k pass, knowing the rows classify reads
+        side_a, side_b = al.a, al.b
         grid_a, grid_b, notes_a, notes_b = _grids(side_a, side_b, dtype)
         for label, g, n, side in (("A", grid_a, notes_a, side_a), ("B", grid_b, notes_b, side_b)):
             if not g.known and side.meta.source != "teacher_forced":  # teacher-forced rows name their dtype

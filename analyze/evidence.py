@@ -163,6 +163,9 @@ def fetch_rows(side, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """Top-k ids, logprobs and (if stored) raw logits at token rows `rows`."""
     r = side.reader
     logits = read_token_rows(r, "topk_logit", rows) if r.has_column("topk_logit") else None
+    kept = side.scan.rows(rows) if side.scan is not None else None  # kept by the side's top-k pass
+    if kept is not None:
+        return kept[0], kept[1], logits
     return read_token_rows(r, "topk_id", rows), read_token_rows(r, "topk_logprob", rows), logits
 
 

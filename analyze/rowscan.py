@@ -19,7 +19,7 @@ summed again in float64, so the verdict is the float64 sum's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from .evidence import POSITIVE_LIMIT, SUM_LIMIT
 ORDER_TOL = POSITIVE_LIMIT  # an entry may exceed one listed before it by rounding only
 BLOCK_BYTES = 1 << 20  # rows read at a time, per column (whole stored chunks: the store's are ~1 MiB)
 CACHE_BYTES = 256 << 10  # rows reduced at a time: a block that stays in the core's cache
+LOG2E = np.float32(np.log2(np.e))
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,20 @@ class RowScan:
     disorder: np.ndarray  # [N] bool
     positive: np.ndarray
     heavy: np.ndarray
+    # the rows asked to be kept as they passed (the first differences: classify reads their
+    # top-k there, evidence.fetch_rows), so that no chunk is read and checksummed twice
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [m] sorted unique token rows
+    kept_ids: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))  # [m, k]
+    kept_lps: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # [m, k]
+
+    def rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(top-k ids, logprobs) [len(rows), k] of token rows `rows` when all were kept, else None."""
+        if not len(self.kept):
+            return None
+        j = np.minimum(np.searchsorted(self.kept, rows), len(self.kept) - 1)
+        if not len(rows) or not (self.kept[j] == rows).all():
+            return None
+        return self.kept_ids[j], self.kept_lps[j]
 
 
 def pick(ids: np.ndarray, vals: np.ndarray, tok: np.ndarray) -> np.ndarray:
@@ -93,10 +108,16 @@ def _block_flags(lps: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.nd
         hit[0] = False  # an entry above the one before it, within the row (NaN compares False)
         np.greater(flat[1:], flat[:-1] + np.float32(ORDER_TOL), out=hit[1:])
         hit[::k] = False
-        disorder = _any_per_row(hit, n, k)
-        np.greater(flat, POSITIVE_LIMIT, out=hit)
-        positive = (chosen > POSITIVE_LIMIT) | _any_per_row(hit, n, k)
-        mass = np.exp(lps) @ np.ones(k, np.float32)  # float32: NaN where a row holds a NaN
+        # the per-row passes only for a block that holds a finding (a sound block: one reduction)
+        disorder = _any_per_row(hit, n, k) if hit.any() else np.zeros(n, bool)
+        positive = chosen > POSITIVE_LIMIT
+        if not flat.max() <= POSITIVE_LIMIT:  # a value above the limit, or a NaN (max is NaN)
+            np.greater(flat, POSITIVE_LIMIT, out=hit)
+            positive |= _any_per_row(hit, n, k)
+        # float32 sums of 2^(x log2 e): exp2 costs numpy a third of exp, and the sum only sorts
+        # rows (far below the limit: sound; NaN, inf and near it: summed again exactly below)
+        e = np.multiply(lps, LOG2E)
+        mass = np.exp2(e, out=e) @ np.ones(k, np.float32)  # NaN where a row holds a NaN
     odd = np.flatnonzero(np.isnan(mass))
     if len(odd):  # a value after a NaN gap is out of order too
         nan = np.isnan(lps[odd])
@@ -108,13 +129,24 @@ def _block_flags(lps: np.ndarray, chosen: np.ndarray) -> tuple[np.ndarray, np.nd
     return disorder, positive, heavy
 
 
-def scan(reader, token_id: np.ndarray, logprob: np.ndarray) -> RowScan | None:
-    """The scan of every token row of `reader` (None when it stores no top-k)."""
+def scan(reader, token_id: np.ndarray, logprob: np.ndarray, keep: np.ndarray | None = None) -> RowScan | None:
+    """The scan of every token row of `reader` (None when it stores no top-k). keep: token rows
+    whose top-k ids and logprobs to keep (RowScan.rows)."""
     if not reader.has_column("topk_logprob"):
         return None
     n = len(token_id)
     k = reader.layout.topk if reader.layout.topk else 0
-    out = RowScan(np.full(n, np.nan, np.float32), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool))
+    keep = np.unique(np.asarray(keep if keep is not None else (), dtype=np.int64))
+    keep = keep[(keep >= 0) & (keep < n)]
+    out = RowScan(
+        np.full(n, np.nan, np.float32),
+        np.zeros(n, bool),
+        np.zeros(n, bool),
+        np.zeros(n, bool),
+        keep,
+        np.zeros((len(keep), k), np.int32),
+        np.zeros((len(keep), k), np.float32),
+    )
     step = max(1, BLOCK_BYTES // max(1, 4 * k))
     chunk = reader.chunk_rows("topk_logprob")
     if chunk and chunk == reader.chunk_rows("topk_id"):  # whole chunks a block: each decoded once
@@ -132,4 +164,7 @@ def scan(reader, token_id: np.ndarray, logprob: np.ndarray) -> RowScan | None:
             lps = reader.column("topk_logprob", slice(s, e), out=bufs[1])
         out.topk_lp[s:e] = pick(ids, lps, token_id[s:e])
         out.disorder[s:e], out.positive[s:e], out.heavy[s:e] = _flags(lps, logprob[s:e])
+        lo, hi = np.searchsorted(keep, (s, e))
+        if hi > lo:
+            out.kept_ids[lo:hi], out.kept_lps[lo:hi] = ids[keep[lo:hi] - s], lps[keep[lo:hi] - s]
     return out

@@ -10,6 +10,7 @@ teacher-forced rows); a key answered `ok` more than once is ambiguous and said.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ class Side:
     rows: np.ndarray  # [R] int64: selected request rows, one per key
     token_id: np.ndarray  # [N] int32: the compared token (teacher-forced: the history's top-1)
     logprob: np.ndarray  # [N] float32: its logprob as the column stores it (NaN = not recorded)
-    topk_lp: np.ndarray  # [N] float32: the same token's entry in its own top-k row (NaN = absent)
+    topk_lp: np.ndarray | None  # [N] float32: its entry in its own top-k row (NaN = absent; None: not scanned)
     prompt: np.ndarray  # [M] int32: all prompt ids, concatenated
     reader: TraceReader
     note: str = ""  # repeated keys, said in every output
@@ -136,10 +137,14 @@ def top1(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None) -> tuple[n
     return np.where(empty, -1, ids[r, j]).astype(np.int32), np.where(empty, np.nan, lps[r, j]).astype(np.float32)
 
 
-def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: str = "a") -> Side:
+def load_side(
+    reader: TraceReader, select: dict[str, str] | None = None, label: str = "a", scan_rows: bool = True
+) -> Side:
     """Select rows and read the compared columns. In a teacher-forced trace the
     stored token_id is the replayed (forced) token, the same in every history;
-    what a history *predicts* is its top-1, so that is what gets compared."""
+    what a history *predicts* is its top-1, so that is what gets compared.
+    scan_rows=False: an HTTP trace's top-k pass is left for `scanned` (topk_lp and scan
+    are None until then), which the diff runs once it knows the rows it must keep."""
     rows, note, ambiguous = _select_rows(reader, select or {}, label)
     replayed, rows_scan = None, None
     if reader.meta.source == "teacher_forced":
@@ -151,8 +156,10 @@ def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: 
     else:  # the top-k columns in one blocked pass: the chosen token's entry and the row checks
         cols = reader.columns(["token_id", "logprob"])
         token_id, logprob = cols["token_id"], cols["logprob"]
-        rows_scan = scan(reader, token_id, logprob)
-        topk_lp = rows_scan.topk_lp if rows_scan is not None else np.full(len(token_id), np.nan, np.float32)
+        topk_lp = None
+        if scan_rows:
+            rows_scan = scan(reader, token_id, logprob)
+            topk_lp = rows_scan.topk_lp if rows_scan is not None else np.full(len(token_id), np.nan, np.float32)
     return Side(
         reader.path,
         reader.meta,
@@ -168,3 +175,14 @@ def load_side(reader: TraceReader, select: dict[str, str] | None = None, label: 
         replayed,
         rows_scan,
     )
+
+
+def scanned(side: Side, keep: np.ndarray) -> Side:
+    """`side` after its top-k pass (rowscan.scan), keeping the top-k rows of token rows `keep`
+    (the first differences: classify reads them from the pass instead of the file again). A
+    side that is already scanned (teacher-forced, or loaded with scan_rows) is returned as is."""
+    if side.topk_lp is not None:
+        return side
+    rs = scan(side.reader, side.token_id, side.logprob, keep)
+    topk_lp = rs.topk_lp if rs is not None else np.full(len(side.token_id), np.nan, np.float32)
+    return dataclasses.replace(side, topk_lp=topk_lp, scan=rs)

@@ -90,3 +90,26 @@ def test_no_topk_no_scan(tmp_path):
         w.append(RequestRecord(key="r0", prompt_hash="p", finish_reason="length"), tc, np.arange(4, dtype=np.int32))
     with TraceReader(tmp_path / "t.h5") as r:
         assert rowscan.scan(r, r.column("token_id"), r.column("logprob")) is None
+
+
+@pytest.mark.parametrize("block_rows", [3, 64, 10_000])
+def test_kept_rows_are_the_files_rows(tmp_path, monkeypatch, block_rows):
+    """The rows the diff keeps during the pass (the first differences) are exactly what a read of
+    those rows returns, across block edges; a row that was not kept is never made up (None: the
+    caller reads the file)."""
+    from tracekit.store import read_token_rows
+
+    ids, lps, tok, chosen = _rows(157, 20)
+    monkeypatch.setattr(rowscan, "BLOCK_BYTES", block_rows * 4 * 20)
+    _trace(tmp_path / "t.h5", ids, lps, tok, chosen, [50, 60, 47])
+    keep = np.array([156, 0, 2, 63, 64, 2, 99])  # unsorted, repeated, at both ends and a block edge
+    with TraceReader(tmp_path / "t.h5") as r:
+        got = rowscan.scan(r, r.column("token_id"), r.column("logprob"), keep=keep)
+        assert got.kept.tolist() == [0, 2, 63, 64, 99, 156]
+        want = np.array([99, 2, 156, 2])
+        kept_ids, kept_lps = got.rows(want)
+        np.testing.assert_array_equal(kept_ids, read_token_rows(r, "topk_id", want))
+        np.testing.assert_array_equal(kept_lps, read_token_rows(r, "topk_logprob", want))
+        assert kept_ids.dtype == np.int32 and kept_lps.dtype == np.float32
+        assert got.rows(np.array([2, 3])) is None and got.rows(np.array([157])) is None
+        assert rowscan.scan(r, r.column("token_id"), r.column("logprob")).rows(np.array([0])) is None
