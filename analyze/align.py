@@ -9,17 +9,16 @@ does not classify (classify.py) or print (diff_report.py).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from tracekit.errors import AlignmentError
 
-from .sides import Side, load_side, parse_select, scanned, top1
+from .sides import Side, load_side, parse_select, top1
 from .streams import Asked, asked, requests_differ, sampled_reason
 
-__all__ = ["Alignment", "Side", "align", "load_side", "parse_select", "segments", "top1", "with_scans"]
+__all__ = ["Alignment", "Side", "align", "load_side", "pair_keys", "parse_select", "segments", "top1"]
 
 
 def segments(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -104,7 +103,8 @@ def _prompt_reason(a: Side, b: Side, ra: np.ndarray, rb: np.ndarray) -> np.ndarr
     return out
 
 
-def align(a: Side, b: Side) -> Alignment:
+def pair_keys(a: Side, b: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keys [P], row_a, row_b): the pairs of two sides, checked (something in common)."""
     keys, row_a, row_b = _pair_keys(a, b)
     if not len(keys):
         raise AlignmentError(f"{a.path} and {b.path} hold no requests: nothing to compare")
@@ -113,6 +113,13 @@ def align(a: Side, b: Side) -> Alignment:
             f"{a.path} and {b.path} have no request key in common: they are not runs of "
             f"the same prompt set (or the row selection excludes every key)"
         )
+    return keys, row_a, row_b
+
+
+def align(a: Side, b: Side, whole: bool = True) -> Alignment:
+    """The pairs of a and b. whole=False: a and b are windows of traces whose pairs were
+    checked whole (stream.py): a window may hold only keys missing on one side."""
+    keys, row_a, row_b = pair_keys(a, b) if whole else _pair_keys(a, b)
     reason = np.full(len(keys), "", dtype=object)
     reason[row_b < 0] = "missing in B"
     reason[row_a < 0] = "missing in A"
@@ -162,17 +169,6 @@ def align(a: Side, b: Side) -> Alignment:
     )
 
 
-def with_scans(al: Alignment) -> Alignment:
-    """The alignment over both sides after their top-k pass (sides.scanned), each keeping its
-    top-k rows at the pairs' first differences: the only rows classify reads (evidence.py),
-    taken from the pass instead of reading (and checksumming) their chunks again."""
-    from .positions import first_divergence  # positions builds on this module
-
-    t, _, _ = first_divergence(al)
-    d = np.flatnonzero(t < al.length)
-    return dataclasses.replace(al, a=scanned(al.a, al.off_a[d] + t[d]), b=scanned(al.b, al.off_b[d] + t[d]))
-
-
 def _ambiguous_reason(a: Side, b: Side, keys: np.ndarray, ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
     """A key answered ok more than once in one trace: which is the run's answer? Each
     answer is shown against the other side's (where it first differs)."""
@@ -190,7 +186,8 @@ def _ambiguous_reason(a: Side, b: Side, keys: np.ndarray, ra: np.ndarray, rb: np
                 mine = _tokens(side, r)
                 n = min(len(mine), len(theirs))
                 d = np.flatnonzero(mine[:n] != theirs[:n])
-                name = f"row {r}" + (f" (history {t.history[r]})" if t.history[r] else "")
+                at = r if side.request_rows is None else int(side.request_rows[r])  # the file's row
+                name = f"row {at}" + (f" (history {t.history[r]})" if t.history[r] else "")
                 if len(d):
                     said.append(f"{name} differs at {d[0]} ({mine[d[0]]} vs {theirs[d[0]]})")
                 else:

@@ -17,15 +17,19 @@ import numpy as np
 from tracekit.calibration import Calibration
 from tracekit.dtypes import DTYPES
 from tracekit.errors import ConfigError, UsageError
-from tracekit.store import TraceReader, read_token_rows
+from tracekit.store import TraceReader
 from tracekit.verdicts import BENIGN
 
-from .align import Side, align, load_side, parse_select, with_scans
+from .align import Side, align, load_side, parse_select
 from .classify import Thresholds, classify
+from .diff_setup import grids as side_grids
+from .diff_setup import run_label, side_dtypes
 from .eos_policy import ignore_eos_note
-from .grid import Grid, PairGrids, normalise, pair_grids
+from .positions import with_scans
 from .reported import reported_checks
 from .result import DiffResult
+from .sides import header_side
+from .stream import POSITIONS, judge_chunks, pairs, streams
 from .streams import context_notes
 
 EOS_UNKNOWN = (
@@ -76,66 +80,6 @@ def _eos_note(a: Side, b: Side) -> str:
     return ""
 
 
-def _sampled_logits(side: Side) -> np.ndarray:
-    """Finite non-zero raw logits of the first 256 token rows (empty without logits)."""
-    r = side.reader
-    n = min(256, r.n_token_rows)
-    if not r.has_column("topk_logit") or not n:
-        return np.zeros(0)
-    x = read_token_rows(r, "topk_logit", np.arange(n)).ravel()
-    return x[np.isfinite(x) & (x != 0)]
-
-
-def _grids(a: Side, b: Side, override: str | None) -> tuple[Grid, Grid, list[str], list[str]]:
-    """The pair's grids (grid.pair_grids: the run records, checked against a sample of the raw
-    logits each trace holds; each divergence row is checked again in classify), labelled notes."""
-    logits = (None, None) if override else (_sampled_logits(a), _sampled_logits(b))
-    g: PairGrids = pair_grids(a.meta.record, b.meta.record, override, logits)
-    return g.a, g.b, [f"A: {n}" for n in g.notes[0]], [f"B: {n}" for n in g.notes[1]]
-
-
-def side_dtypes(
-    side: Side, rows: np.ndarray, grid: Grid, override: str | None, label: str
-) -> tuple[np.ndarray, list[str]]:
-    """Per pair [P] the dtype name this side is judged on. A teacher-forced row's own
-    `dtype` is its configuration (one file holds several); an HTTP row's `dtype`
-    that disagrees with the run is a conflict, judged on the finer grid."""
-    per_row = np.full(len(rows), grid.dtype, dtype=object)
-    notes: list[str] = []
-    if override:
-        return per_row, notes
-    col = side.table.dtype
-    tf = side.meta.source == "teacher_forced"
-    named = (
-        np.where(rows >= 0, np.asarray(col, dtype=object)[np.maximum(rows, 0)], "")
-        if len(col)
-        else np.full(len(rows), "", object)
-    )
-    for value in dict.fromkeys(named.tolist()):  # each distinct name once, in the order of the pairs
-        d = normalise(value) if value else None
-        if not d or d == grid.dtype:
-            continue
-        if tf or DTYPES[d].mantissa_bits > grid.bits:
-            per_row[named == value] = d
-        if not tf and not notes:
-            notes.append(f"{label}: request rows name dtype {d}, the run {grid.dtype}: judged on the finer grid")
-    return per_row, notes
-
-
-def run_label(side: Side) -> str:
-    """What a trace is, from its run metadata: 'vllm · bf16 · concurrency 8 · cache on · burst'."""
-    rec = side.meta.record
-    cache = rec.cache.setting
-    parts = [
-        str(rec.engine_name or side.meta.source),
-        str(rec.dtype.value or ""),
-        f"concurrency {rec.concurrency}" if rec.concurrency else "",
-        f"cache {cache}" if cache and cache != "unknown" else "",
-        str(rec.mode or ""),
-    ]
-    return " · ".join(p for p in parts if p)
-
-
 def _as_select(sel: str | dict | None) -> dict[str, str]:
     return parse_select(sel) if isinstance(sel, (str, type(None))) else dict(sel)
 
@@ -154,6 +98,7 @@ def diff(
     calibration: Calibration | str | os.PathLike | None = None,
     reference: str | os.PathLike | TraceReader | None = None,
     reference_select: str | dict | None = None,
+    stream_positions: int | None = POSITIONS,
     **tolerances: float | None,
 ) -> DiffResult:
     """Compare trace b with the reference a, request by request (paired by key).
@@ -171,7 +116,9 @@ def diff(
     higher-precision replay of A's tokens (the FP32 teacher-forced `full` rows, or the
     engine's FP32 trace): each side's error against it at every position p <= t
     (reference.py); a benign pair whose one side is systematically farther from it, or
-    whose both sides are far from it, is `unexplained`.
+    whose both sides are far from it, is `unexplained`. stream_positions: traces longer than
+    this many token rows are judged a chunk of pairs of about that many rows at a time, never
+    both whole in memory (stream.py; the same result; None: always whole).
     """
     if thresholds is not None and tolerances:
         raise ConfigError("pass either thresholds= or tolerance keywords, not both")
@@ -189,12 +136,15 @@ def diff(
                 f"A and B are the same file ({ra.path}); pass two traces "
                 "(or --a-select/--b-select to compare rows of one teacher-forced file)"
             )
-        side_a = load_side(ra, _as_select(a_select), "a", scan_rows=False)
-        side_b = load_side(rb, _as_select(b_select), "b", scan_rows=False)
+        sel_a, sel_b = _as_select(a_select), _as_select(b_select)
+        streamed = streams(ra, rb, stream_positions, teacher, reference)  # a chunk of pairs at a time
+        if streamed:
+            side_a, side_b = header_side(ra, sel_a, "a"), header_side(rb, sel_b, "b")
+        else:
+            side_a, side_b = load_side(ra, sel_a, "a", scan_rows=False), load_side(rb, sel_b, "b", scan_rows=False)
         ids, src = eos_ids(side_a, side_b, eos, tokenizer)
-        al = with_scans(align(side_a, side_b))  # the top-k pass, knowing the rows classify reads
-        side_a, side_b = al.a, al.b
-        grid_a, grid_b, notes_a, notes_b = _grids(side_a, side_b, dtype)
+        al = pairs(side_a, side_b) if streamed else align(side_a, side_b)
+        grid_a, grid_b, notes_a, notes_b = side_grids(side_a, side_b, dtype)
         for label, g, n, side in (("A", grid_a, notes_a, side_a), ("B", grid_b, notes_b, side_b)):
             if not g.known and side.meta.source != "teacher_forced":  # teacher-forced rows name their dtype
                 n.append(
@@ -204,17 +154,22 @@ def diff(
                 )
         dt_a, more_a = side_dtypes(side_a, al.row_a, grid_a, dtype, "A")
         dt_b, more_b = side_dtypes(side_b, al.row_b, grid_b, dtype, "B")
-        fixed = (bool(dtype), bool(dtype))
-        cols = classify(al, thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b), fixed)
+        judge = _Judge(thr, np.asarray(ids, dtype=np.int64), (dt_a, dt_b), (bool(dtype), bool(dtype)))
+        gaps = None
+        if streamed:
+            with_gaps = _gaps if calibration is not None else None
+            cols, gaps = judge_chunks(al, stream_positions, judge, with_gaps)
+        else:
+            al = with_scans(al)  # the top-k pass, knowing the rows classify reads
+            cols = judge(al)
         limited, limit_lines = context_notes(al)  # streams the engine stopped at its context limit
         for i, n in enumerate(limited):
             if n:
                 cols["note"][i] = f"{cols['note'][i]}; {n}" if cols["note"][i] else n
-        _refute(cols, reported_checks(al), "reported")
         ref = None
         if reference is not None:
             ref = _against_reference(stack, al, cols, reference, reference_select, calibration)
-        cols["teacher"] = np.full(len(al.keys), None, dtype=object)
+        cols["teacher"] = np.full(len(cols["key"]), None, dtype=object)
         notes = [n for n in (side_a.note, side_b.note, _eos_note(side_a, side_b)) if n]
         notes += notes_a + more_a + notes_b + more_b + limit_lines
         if cols["drift_on_logits"].any():
@@ -235,7 +190,7 @@ def diff(
         labels = {"a": run_label(side_a), "b": run_label(side_b)}
         test = None
         if calibration is not None:
-            test = _flip_test(al, cols, calibration)
+            test = _flip_test(gaps if gaps is not None else _gaps(al, cols), cols, calibration)
             notes.append(test.line())
             if cal_note:
                 notes.append(cal_note)
@@ -431,15 +386,36 @@ def _tie_move(cal: Calibration, thr: Thresholds, tie) -> tuple[float, float, str
     )
 
 
-def _flip_test(al, cols, calibration):
-    from tracekit.calibration import read_calibration
+class _Judge:
+    """Classify an alignment's pairs and refute by the reported rows: the verdict columns of the
+    pairs `sl` of the whole diff (a chunk's, when it streams)."""
 
-    from .flip_rate import flip_test, position_gaps
+    def __init__(self, thr: Thresholds, eos: np.ndarray, dtypes: tuple, fixed: tuple[bool, bool]):
+        self.thr, self.eos, self.dtypes, self.fixed = thr, eos, dtypes, fixed
 
-    cal = calibration if isinstance(calibration, Calibration) else read_calibration(calibration)
+    def __call__(self, al, sl: slice = slice(None)) -> dict:
+        cols = classify(al, self.thr, self.eos, (self.dtypes[0][sl], self.dtypes[1][sl]), self.fixed)
+        _refute(cols, reported_checks(al), "reported")
+        return cols
+
+
+def _gaps(al, cols):
+    """The calibrated flip test's trials of an alignment's pairs (flip_rate.position_gaps)."""
+    from .flip_rate import position_gaps
+
     t = np.where(cols["position"] >= 0, cols["position"], al.length).astype(np.int64)
     comparable = cols["incomparable"] == ""
     bits = np.array([DTYPES[d].mantissa_bits for d in cols["dtype"].tolist()], dtype=np.int64)
+    return position_gaps(al, t, comparable, bits)
+
+
+def _flip_test(gaps, cols, calibration):
+    from tracekit.calibration import read_calibration
+
+    from .flip_rate import flip_test
+
+    cal = calibration if isinstance(calibration, Calibration) else read_calibration(calibration)
+    comparable = cols["incomparable"] == ""
     dts = cols["dtype"][comparable].tolist() or ["unknown"]
     main = max(set(dts), key=dts.count)
-    return flip_test(position_gaps(al, t, comparable, bits), cols["key"], cal, main)
+    return flip_test(gaps, cols["key"], cal, main)

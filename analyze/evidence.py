@@ -36,9 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracekit.store import read_token_rows
-
 from .grid import spacing, steps
+from .window import token_rows
 
 # row_bad flags (checks.py words them)
 DUP_ID, POS_INF, POSITIVE_LP, SUM_OVER_ONE, UNKNOWN_ABOVE, CAND_LOGIT, COLUMN = 1, 2, 4, 8, 16, 32, 64
@@ -162,11 +161,11 @@ def _details(ids, lps, lg, valid, unknown, chosen_lp, lp_mine, lg_mine, lg_other
 def fetch_rows(side, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Top-k ids, logprobs and (if stored) raw logits at token rows `rows`."""
     r = side.reader
-    logits = read_token_rows(r, "topk_logit", rows) if r.has_column("topk_logit") else None
+    logits = token_rows(r, "topk_logit", rows) if r.has_column("topk_logit") else None
     kept = side.scan.rows(rows) if side.scan is not None else None  # kept by the side's top-k pass
     if kept is not None:
         return kept[0], kept[1], logits
-    return read_token_rows(r, "topk_id", rows), read_token_rows(r, "topk_logprob", rows), logits
+    return token_rows(r, "topk_id", rows), token_rows(r, "topk_logprob", rows), logits
 
 
 def topk_overlap(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ import numpy as np
 
 from .align import Alignment
 from .grid import steps
+from .sides import scanned
 
 COLUMN_VS_TOPK_NATS = 1e-4  # the column and the top-k row come from one response: equal but for rounding
 
@@ -33,6 +34,15 @@ def first_divergence(al: Alignment) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     segs, first = np.unique(al.seg[mism], return_index=True)
     t[segs] = al.pos[mism[first]]
     return t, ta, tb
+
+
+def with_scans(al: Alignment) -> Alignment:
+    """The alignment over both sides after their top-k pass (sides.scanned), each keeping its
+    top-k rows at the pairs' first differences: the only rows classify reads (evidence.py),
+    taken from the pass instead of reading (and checksumming) their chunks again."""
+    t, _, _ = first_divergence(al)
+    d = np.flatnonzero(t < al.length)
+    return dataclasses.replace(al, a=scanned(al.a, al.off_a[d] + t[d]), b=scanned(al.b, al.off_b[d] + t[d]))
 
 
 def eos_before(al: Alignment, ta: np.ndarray, t: np.ndarray, eos_ids: np.ndarray) -> np.ndarray:

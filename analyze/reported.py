@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.store import read_token_rows
-
 from .align import Alignment
 from .rowscan import row_mass
+from .window import token_rows
 
 # The limits (one home each): evidence.POSITIVE_LIMIT and SUM_LIMIT, as at the first difference;
 # rowscan.ORDER_TOL: an entry may exceed one listed before it by rounding only (float32 / BF16
@@ -51,7 +50,7 @@ def _rows_checks(side, idx: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int
         return out
 
     def row(i: int) -> np.ndarray:
-        return read_token_rows(side.reader, "topk_logprob", idx[i : i + 1])[0]
+        return token_rows(side.reader, "topk_logprob", idx[i : i + 1])[0]
 
     def top_max(i: int) -> float:
         v = row(i)

@@ -152,8 +152,9 @@ def scan(reader, token_id: np.ndarray, logprob: np.ndarray, keep: np.ndarray | N
     if chunk and chunk == reader.chunk_rows("topk_id"):  # whole chunks a block: each decoded once
         step = chunk * max(1, round(step / chunk))
     bufs = None  # one buffer per column, reused block after block
-    for s in range(0, n, step):
-        e = min(n, s + step)
+    # a window of a trace (window.py) cuts its blocks at the file's chunk edges within each run
+    blocks = reader.blocks(step) if hasattr(reader, "blocks") else [(s, min(n, s + step)) for s in range(0, n, step)]
+    for s, e in blocks:
         if bufs is None:
             ids, lps = reader.column("topk_id", slice(s, e)), reader.column("topk_logprob", slice(s, e))
             if lps.ndim != 2 or not lps.shape[1]:

@@ -60,6 +60,7 @@ class Side:
     ambiguous: frozenset = frozenset()  # keys answered ok more than once: {key: "why"}
     replayed: np.ndarray | None = None  # [N] teacher-forced: the replayed (forced) token ids
     scan: RowScan | None = None  # HTTP traces: what every top-k row says (rowscan.py; reported.py checks it)
+    request_rows: np.ndarray | None = None  # a window's table: each row's request row in the file (stream.py)
 
     @property
     def has_logits(self) -> bool:
@@ -174,6 +175,34 @@ def load_side(
         ambiguous,
         replayed,
         rows_scan,
+    )
+
+
+def header_side(reader: TraceReader, select: dict[str, str] | None = None, label: str = "a") -> Side:
+    """The request side of a trace without its token rows (zero-length token columns): the
+    selected rows, their notes and the run metadata, for a diff that reads its token rows a
+    window at a time (stream.py)."""
+    rows, note, ambiguous = _select_rows(reader, select or {}, label)
+    none = np.zeros(0, np.int32)
+    f32 = np.zeros(0, np.float32)
+    return Side(reader.path, reader.meta, reader.requests, rows, none, f32, f32, none, reader, note, ambiguous)
+
+
+def window_side(side: Side, rows: np.ndarray, prompt: np.ndarray, columns: dict, table, reader, req) -> Side:
+    """`side` (a header_side) over a window of its requests: `rows` the selected rows in the
+    window's table, token columns and table of the window (window.py), the prompt ids whole;
+    req: the file's request row of each row of the window's table."""
+    return dataclasses.replace(
+        side,
+        table=table,
+        rows=rows,
+        token_id=columns["token_id"],
+        logprob=columns["logprob"],
+        topk_lp=None,
+        prompt=prompt,
+        reader=reader,
+        scan=None,
+        request_rows=req,
     )
 
 

@@ -16,8 +16,10 @@ Targets (issue 25): speedup_vs_per_position >= 30, vs_read_floor <= 1.2.
 
 `--scaling`: the diff's cost at 10k, 100k, 1M positions (`--sizes`, e.g. 1e4,1e5,1e6,1e7), each
 diff in its own process: seconds, microseconds a position, the read floor, the process's peak
-RSS, and the slope of log(seconds) over log(positions) (1 = linear). Traces are written a
-million positions at a time, so the bench itself never holds one whole at 10M either.
+RSS (its own VmHWM), whether it streamed (traces over analyze/stream.py's POSITIONS token rows:
+a chunk of pairs at a time, never both traces in memory), and the slope of log(seconds) over
+log(positions) (1 = linear). Traces are written a million positions at a time, each chunk one
+group commit (TraceWriter.append_many), so the bench never holds one whole at 10M either.
 
     python bench/diff_bench.py [--quick] [--json] [--positions N]
     python bench/diff_bench.py --scaling [--sizes 1e4,1e5,1e6,1e7] [--json]
@@ -114,13 +116,17 @@ META = RunMeta(source="http", run={"eos_token_ids": [EOS], "dtype": "bf16"}, lay
 
 
 def write(path, cols, lens, cached, status):
-    with TraceWriter(path, META) as w:
+    with TraceWriter(path, META, journal=False) as w:
         append(w, cols, lens, cached, status)
 
 
 def append(w, cols, lens, cached, status, first_key: int = 0):
+    """The requests of `cols` in one group commit (TraceWriter.append_many: one resize + write a
+    column for all of them, as a capture's flush writes what finished). The files are the same
+    as a capture's; the journal (crash safety while capturing) is off: nothing here can be lost."""
     starts = np.cumsum(lens) - lens
     prompt = np.arange(PROMPT, dtype=np.int32)
+    items = []
     for i, (s, L) in enumerate(zip(starts.tolist(), lens.tolist())):
         e = s + L
         tc = TokenColumns(
@@ -133,8 +139,8 @@ def append(w, cols, lens, cached, status, first_key: int = 0):
             cached_tokens=int(cached[i]),
             finish_reason="length",
         )
-        w.append(rec, tc, prompt, flush=False)
-    w.flush()
+        items.append((rec, tc, prompt))
+    w.append_many(items, flush=True)
 
 
 # -- the per-position way (check_logprobs_close) -------------------------------
@@ -203,7 +209,7 @@ def write_pair(d: str, n_pos: int) -> tuple[str, str, dict[str, int]]:
     pa, pb = os.path.join(d, "a.h5"), os.path.join(d, "b.h5")
     planted: dict[str, int] = {}
     rng = np.random.default_rng(1)
-    with TraceWriter(pa, META) as wa, TraceWriter(pb, META) as wb:
+    with TraceWriter(pa, META, journal=False) as wa, TraceWriter(pb, META, journal=False) as wb:
         done, first = 0, 0
         for c in range(max(1, -(-n_pos // CHUNK))):
             cols, lens, cls = synth(min(CHUNK, n_pos - done), seed=c)
@@ -217,17 +223,27 @@ def write_pair(d: str, n_pos: int) -> tuple[str, str, dict[str, int]]:
     return pa, pb, planted
 
 
-def _child(pa: str, pb: str) -> None:
-    """In a fresh process: one diff, then its seconds, counts and the process's peak RSS (JSON)."""
-    import resource
+def _hwm_mb() -> float:
+    """This process's own peak RSS (VmHWM). Not getrusage's ru_maxrss: Linux carries that over
+    exec from the parent (the bench, which synthesised a million positions: 870 MB "peak" for a
+    diff that never passed 190 MB)."""
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmHWM:")[1].split()[0]) / 1024
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def _child(pa: str, pb: str) -> None:
+    """In a fresh process: one diff, then its seconds, counts and the process's peak RSS (JSON).
+    A trace longer than stream.POSITIONS token rows is diffed a chunk of pairs at a time."""
+    from tracekit.analyze.stream import POSITIONS
+
+    rss0 = _hwm_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     result = diff(pa, pb)
     s, cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    said = {"diff_s": s, "diff_cpu_s": cpu, "counts": result.counts(), "peak_rss_mb": peak / 1024}
-    print(json.dumps(said | {"rss_before_mb": rss0 / 1024}))
+    with TraceReader(pa) as r:
+        streamed = r.n_token_rows > POSITIONS
+    said = {"diff_s": s, "diff_cpu_s": cpu, "counts": result.counts(), "peak_rss_mb": _hwm_mb(), "streamed": streamed}
+    print(json.dumps(said | {"rss_before_mb": rss0}))
 
 
 def _run_child(pa: str, pb: str) -> dict:
@@ -267,6 +283,7 @@ def scaling(sizes: list[int], repeats: int, as_json: bool) -> int:
                     peak_rss_mb=max(r["peak_rss_mb"] for r in runs),
                     rss_after_import_mb=best["rss_before_mb"],
                     write_s=write_s,
+                    streamed=best["streamed"],
                     classes_match=found == planted,
                 )
             )
@@ -303,6 +320,8 @@ def scaling(sizes: list[int], repeats: int, as_json: bool) -> int:
                 f"{r['read_floor_s']:.3f}" if r["read_floor_s"] else "-",
                 f"{r['vs_read_floor']:.2f}" if r["vs_read_floor"] else "-",
                 f"{r['peak_rss_mb']:.0f}",
+                "yes" if r["streamed"] else "no",
+                f"{r['write_s']:.0f}",
                 f"{r['slope_diff_s']:.2f} / {r['slope_diff_cpu_s']:.2f}" if "slope_diff_s" in r else "",
             ]
             for r in rows
@@ -315,6 +334,8 @@ def scaling(sizes: list[int], repeats: int, as_json: bool) -> int:
             "read floor s",
             "vs floor",
             "peak RSS MB",
+            "streamed",
+            "write s",
             "slope wall / CPU",
         ]
         print(f"top-{K} + raw logits, one diff per process (best of {repeats})")
