@@ -18,6 +18,7 @@ from typing import Any
 
 from tracekit.hfcompat import new_dynamic_cache
 
+from . import chain
 from .graphs import MIN_STEPS, NoGraph, decode_chain, graphable
 from .history import History
 from .model import fork_cache
@@ -59,22 +60,26 @@ def run_histories(lm: LoadedModel, ids, first_scored: int, histories: list[Histo
 def _decode_chain(lm, ids, first_scored, hists, depth, start, cache):
     """When every history left at this node continues with the same run of
     scored single-token steps to the end (the rest of `decode`), run that
-    chain as CUDA graphs (graphs.py; the same logits as eager steps) and
-    return its logits [N, steps, V]; otherwise None (run eagerly)."""
-    if cache is None or not lm.cuda_graphs or start < first_scored:
+    chain as CUDA graphs (graphs.py) or, on CPU, over a preallocated cache
+    (chain.py), both the same logits as eager steps, and return its logits
+    [N, steps, V]; otherwise None (run eagerly)."""
+    if cache is None or start < first_scored:
         return None
     rest = hists[0].ends[depth:]
     if (
         len(rest) < MIN_STEPS
         or rest != tuple(range(start + 1, start + 1 + len(rest)))
         or any(h.ends[depth:] != rest for h in hists)
-        or not graphable(lm, cache)
     ):
         return None
-    try:
-        return decode_chain(lm, ids[:, : rest[-1]], start, cache)
-    except NoGraph:
-        return None
+    if lm.cuda_graphs and graphable(lm, cache):
+        try:
+            return decode_chain(lm, ids[:, : rest[-1]], start, cache)
+        except NoGraph:
+            return None
+    if chain.applies(lm, cache):
+        return chain.preallocated_chain(lm, ids[:, : rest[-1]], start, cache, _forward)
+    return None
 
 
 def _run_node(lm, ids, first_scored, hists, depth, start, cache, pieces) -> list[tuple]:
