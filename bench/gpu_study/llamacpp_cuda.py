@@ -1,10 +1,14 @@
 """llama.cpp's CUDA `llama-server` as the study's second engine, at real shapes, in one device call.
 
+    bash bench/gpu_study/pack_llama_src.sh            # here: .llama-pack/ (git-ignored), carried
     PYTHONPATH=.:.llama-pack/gguf-py python bench/gpu_study/llamacpp_cuda.py \\
-        --src .llama-pack/llama.cpp-src.tar.gz --work /tmp/llcuda --out $OUT/llamacpp_cuda
+        --src .llama-pack/llama.cpp-src.tar.gz --out $OUT/llamacpp_cuda --models qwen3-0.6b,qwen3-4b
+    # a second call on the still-warm machine reuses the build and models in .llcuda-work/:
+    PYTHONPATH=.:.llama-pack/gguf-py python bench/gpu_study/llamacpp_cuda.py \\
+        --src .llama-pack/llama.cpp-src.tar.gz --out $OUT/llamacpp_cuda8b --models llama3-8b:bf16
     # the CPU dry run: a given binary, --smoke models, CPU everywhere
-    PYTHONPATH=.:GGUF_PY python bench/gpu_study/llamacpp_cuda.py --smoke --device cpu \\
-        --llama-server ~/.cache/tracekit/llama-server/0.3.36/llama-server --work /tmp/llw --out /tmp/llo
+    PYTHONPATH=.:.llama-pack/gguf-py python bench/gpu_study/llamacpp_cuda.py --smoke --device cpu \\
+        --llama-server ~/.cache/tracekit/llama-server/0.3.36/llama-server --models qwen3-0.6b,llama3-8b --out /tmp/llo
 
 Phases (timings on stderr; a failed cell is recorded and the next one runs):
   build    cmake + build of llama-server with CUDA for sm_90 from the stripped source archive of
@@ -20,7 +24,11 @@ Phases (timings on stderr; a failed cell is recorded and the next one runs):
   verdicts calibrate on the repeats' (serial_r, burst_r) pairs (the same kind of pair as judged),
            judge (serial1, burst1) plain, calibrated, calibrated + reference (calibrated.verdict)
 Writes under --out: summary.json, report.md, cells.md, one directory a cell (cal.json, diff JSONs,
-server log tail); traces stay under --work. It changes nothing in tracekit.
+server log tail, the judged pair's traces and their reference, ~0.6 MB); the rest stays under --work.
+--deadline-s (480) starts no cell later; --hard-stop-s (575) judges without a replay not done by
+then, so a 600 s device call returns its results. Disk: a model's GGUFs are deleted after its cells;
+all conversions happen up front, so Qwen3-0.6B + 4B (~37 GB at the peak) and Llama-3-8B (one dtype:
+32 or 48 GB) go in separate calls on a 64 GB disk. It changes nothing in tracekit.
 """
 
 from __future__ import annotations
@@ -245,6 +253,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=16, help="build parallelism")
     ap.add_argument("--deadline-s", type=float, default=480, help="start no cell after this many seconds")
     ap.add_argument("--hard-stop-s", type=float, default=575, help="references not done by then: verdicts without them")
+    ap.add_argument("--no-traces", action="store_true", help="do not copy serial1/burst1/ref traces to --out")
     ap.add_argument("--keep-gguf", action="store_true", help="keep each model's GGUFs after its cells")
     a = ap.parse_args(argv)
     if not (a.src or a.llama_server):
@@ -356,6 +365,11 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001  the verdicts without it
                 rec["reference_error"] = repr(e)[:2000]
                 log(f"reference {cname} FAILED: {e!r}"[:500])
+            if not a.no_traces:  # the judged pair and its reference (~0.2 MB each at 16 x 32 tokens)
+                (out / cname / "traces").mkdir(exist_ok=True)
+                for src in [rec["captures"]["serial1"]["trace"], rec["captures"]["burst1"]["trace"], ref]:
+                    if src:
+                        shutil.copy(src, out / cname / "traces" / Path(src).name)
             try:
                 judge(rec, ref, out / cname, f"llamacpp-{a.device}-{cname}")
             except Exception as e:  # noqa: BLE001
