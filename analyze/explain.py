@@ -42,6 +42,14 @@ The verdict (first rule that fires), with counts:
 With a calibration, a benign pair no sampled run tipped, at a flip this healthy engine's noise
 covers, is `calibrated_noise` (explain_noise.py says when).
 
+The run-level test: one pair at a time, a deterministic bug of the batched path looks exactly like
+a healthy tie flip (a burst reproduces it, alone does not: rule 3). With a calibration, the
+workflow judges A vs B as `diff --calibration --reference` does; when the run fails a run-level
+test (its flips more frequent or at larger gaps than this engine's P(flip | gap), or B farther
+from the FP32 reference across the run: explain_noise.run_finding), every pair the rules above
+call benign is a `bug` ("batched-path error beyond this engine's noise across the run"), its own
+rule's cause kept after the run's numbers.
+
 Which side is right: the side whose token the FP32 `full`-history argmax picks
 (teacher-forced), else the FP32 configuration's cold runs (the majority).
 """
@@ -63,6 +71,7 @@ from .grid import pair_grids
 from .reference import FLOOR, RATIO_MIN
 
 NOT_REPRODUCED = "not reproduced by any numeric variant — report as a bug"
+RUN_LEVEL = "batched-path error beyond this engine's noise across the run — report as a bug"
 DEFAULT_DRIFT_NATS = 0.5  # uncalibrated: the documented default (docs/explain.md)
 
 
@@ -337,11 +346,16 @@ def explain(
     notes: list[str] = (),
     calibration=None,
     engine_replay: str | None = None,
+    run_finding: str | None = None,
 ) -> ExplainResult:
     """Score the variant traces (and the teacher-forced trace) of `pairs` and name each cause.
     drift_nats: the numeric bound; None takes it from `calibration` (a tracekit.calibration
-    record), else the documented default (both said in the notes)."""
+    record), else the documented default (both said in the notes). run_finding: the run-level
+    finding of A vs B judged on the calibration (explain_noise.run_finding; None: the run passed
+    or was not judged): every pair explained benign then becomes `bug` (RUN_LEVEL)."""
     notes = list(notes)
+    if run_finding:
+        notes.append(f"run-level: {run_finding}")
     if drift_nats is None and calibration is not None:
         drift_nats = numeric_bound(calibration)
         notes.append(f"numeric bound {drift_nats:.3g} nats, measured: calibration {calibration.describe()}")
@@ -397,6 +411,8 @@ def explain(
                     f"({was.strip('()')})"
                 ),
             )
+        if run_finding and kind in OK_KINDS:
+            kind, cause = "bug", f"{RUN_LEVEL} — {run_finding}; this pair alone: {cause}"
         loud = kind == "bug" and p["class"] in BENIGN
         right, side = right_side(p, tk, counts)
         ev = config_lines(counts)

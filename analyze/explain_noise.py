@@ -69,3 +69,29 @@ def _within_gap_move(p: dict, cal, steps: bool) -> str | None:
         f"A's + B's top-2 gap at t {ga:.3g} + {gb:.3g} = {ga + gb:.3g} {unit}, within the healthy top-2 gap "
         f"move of calibration {cal.name} (up to {bound:.3g} {unit}, p100 over {cal.gap_move.get('n', 0)} positions)"
     )
+
+
+def run_finding(res) -> str | None:
+    """The run-level finding of a diff judged on this engine's calibration (and reference), in one
+    phrase, or None when the run passes: its flips more frequent, or at larger gaps, than the
+    calibration predicts (flip_rate.FlipTest), or B farther from the reference across the run
+    (reference.run_test). One pair at a time a batched-path bug looks like a healthy tie flip (a
+    burst reproduces it, alone does not); across the run it does not, and that is what explain
+    then reports for every pair it would have called benign."""
+    parts = []
+    t = getattr(res, "flip_test", None)
+    if t is not None and not t.ok:
+        lo, hi = t.interval
+        parts.append(
+            f"{t.observed} flips where this engine's calibration predicts {t.expected:.2f} (95% interval "
+            f"{lo:g}-{hi:g}, p = {t.p_value:.3g}"
+            + (f"; {len(t.beyond)} above its largest healthy flip gap" if t.beyond else "")
+            + ")"
+        )
+    r = getattr(res, "reference", None)
+    if r is not None and r.run_verdict == "B farther across the run":
+        parts.append(
+            f"B farther from the reference across the run (median B/A {r.run_median_ratio:.3g} over "
+            f"{r.run_pairs} pairs, Wilcoxon p = {r.run_p_b:.3g})"
+        )
+    return "; ".join(parts) or None

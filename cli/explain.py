@@ -68,14 +68,20 @@ def written(root: Path) -> str:
     help="Also replay each pair's tokens through the engine at --url itself (cold, at A's and at B's boundary, "
     "proven by its report; capture --replay-http): its own logits decide a cache-history cause.",
 )
+@click.option(
+    "--reference",
+    type=click.Path(exists=True, dir_okay=False),
+    help="With --calibration: an FP32 replay of A's tokens (as `diff --reference`) for the run-level test "
+    "(default: made with --teacher-forced MODEL_DIR).",
+)
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per request.")
 @click.option("--api-key-env", metavar="VAR", help="Read the API key from env VAR (never stored).")
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the traces (default explain-<UTC>).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (schema tracekit.explain/1).")
 @click.option("--markdown", is_flag=True, help="Print markdown to paste into a pull request.")
 def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, device, deterministic_url, fp32_url,
-        top_logprobs, drift_nats, calibration, allow_engine_mismatch, engine_replay, timeout_s, api_key_env, out,
-        as_json, markdown) -> int:  # fmt: skip
+        top_logprobs, drift_nats, calibration, allow_engine_mismatch, engine_replay, reference, timeout_s,
+        api_key_env, out, as_json, markdown) -> int:  # fmt: skip
     """For each divergent pair of A (reference) and B, rerun the request under
     controlled variants on the live engine (alone cold, alone warm at each side's
     reused-prefix boundary, in a burst with B's batch mates; on the deterministic
@@ -86,7 +92,10 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
     With --calibration (a run directory: the calibration the run judged each
     cell with), "numeric" means within this engine's measured noise, and a
     benign pair no run tipped at a gap the healthy repeats flip at is
-    `calibrated_noise`, not a bug. Exit 0 when every pair has a cause (a
+    `calibrated_noise`, not a bug; and A vs B is judged as `diff --calibration
+    --reference` judges it (an FP32 replay of A from --reference or
+    --teacher-forced): when the run fails a run-level test, every pair a rule
+    calls benign is a `bug` (a batched-path error across the run). Exit 0 when every pair has a cause (a
     numeric variant, or the calibrated noise), 1 when some pair's line says
     `bug` ("report as a bug", LOUD when its class was benign) or `unresolved`;
     `tracekit demo` exits 1 on the same lines. Each URL's self-report is checked
@@ -103,7 +112,7 @@ def cmd(a, b, url, keys, cells, repeats, config_repeats, model_dir, dtypes, devi
         raise click.UsageError("--json and --markdown are exclusive")
     o = ExplainOptions(url, repeats, model_dir, dtypes, device, deterministic_url, fp32_url, top_logprobs,
                        drift_nats, timeout_s, api_key_env, config_repeats, calibration,
-                       allow_engine_mismatch, engine_replay)  # fmt: skip
+                       allow_engine_mismatch, engine_replay, reference)  # fmt: skip
     chosen = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
     if Path(a).is_dir():
         if b is not None:

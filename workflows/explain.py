@@ -41,6 +41,7 @@ class ExplainOptions:
     calibration: str | None = None  # a tracekit.calibration record of this engine (`tracekit calibrate`)
     allow_engine_mismatch: bool = False  # explain on an engine whose self-report differs from the traces'
     engine_replay: bool = False  # the engine's own teacher-forced replay (cold, at A's and B's boundary)
+    reference: str | None = None  # an FP32 replay of A's tokens for the run-level test; None: made with model_dir
 
 
 def log(msg: str) -> None:
@@ -59,6 +60,10 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
         variants, teacher, mates, run_notes, engine_rows = _run(a, b, pairs, root, o)
         notes += run_notes
     cal = read_calibration(o.calibration) if o.calibration else None
+    finding = None
+    if pairs and cal is not None:
+        finding, line = run_level(a, b, cal, root, o)
+        notes.append(line)
     result = explain(
         a,
         b,
@@ -71,6 +76,7 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
         notes,
         calibration=cal,
         engine_replay=engine_rows,
+        run_finding=finding,
     )
     if pairs:
         doc = result.to_json()
@@ -80,6 +86,32 @@ def explain_files(a: str, b: str, root: Path, o: ExplainOptions, keys: list[str]
         doc["engines"] = engines  # config -> URL, self-report, facts, what it was checked against
         write_explain(root, doc)
     return result
+
+
+def run_level(a: str, b: str, cal, root: Path, o: ExplainOptions) -> tuple[str | None, str]:
+    """A vs B judged as `diff --calibration --reference` judges them (the run-level flip test, and
+    the run-level test against an FP32 replay of A's tokens: o.reference, else made here from
+    o.model_dir for every request of A): (the finding or None, the note line)."""
+    from tracekit.analyze import diff
+    from tracekit.analyze.compare import reference_line
+    from tracekit.analyze.explain_noise import run_finding
+
+    ref = o.reference
+    if ref is None and o.model_dir:
+        from tracekit.capture.teacher import TeacherConfig, run_teacher
+
+        root.mkdir(parents=True, exist_ok=True)
+        ref = str(root / "reference.h5")
+        Path(ref).unlink(missing_ok=True)
+        log(f"explain: FP32 teacher-forced full replay of every request of A -> {ref}")
+        run_teacher(TeacherConfig(o.model_dir, ref, "full", "fp32", from_path=str(a), device=o.device))
+    res = diff(a, b, calibration=cal, reference=ref)
+    parts = [res.flip_test.line()] + ([reference_line(res.reference)] if res.reference is not None else [])
+    if ref is None:
+        parts.append("no reference for the run-level test (give --reference or --teacher-forced MODEL_DIR)")
+    finding = run_finding(res)
+    head = f"run-level test FAILED ({finding})" if finding else "run-level test passed"
+    return finding, f"{head}, A vs B as `diff --calibration --reference` judges them: " + "; ".join(parts)
 
 
 def check_engines(a: str, b: str, o: ExplainOptions) -> tuple[dict, list[str]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.demo_calibration import demo_pair, strict
 
 from tracekit.analyze import diff
 from tracekit.analyze.calibrate import measure
@@ -33,10 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "traces" / "demo"
 
 
-def _pair(dtype: str, prompts: str, c: int) -> tuple[str, str]:
-    g = DEMO / "groups" / f"ref.{dtype}.cache-on.{prompts}.out32" / "serial.h5"
-    b = DEMO / "cells" / f"ref.{dtype}.cache-on.{prompts}.out32.c{c}" / "burst.h5"
-    return str(g), str(b)
+_pair = demo_pair
 
 
 PROMPTS = ("code16", "prefix8", "study128")
@@ -89,12 +87,7 @@ def test_a_healthy_run_is_consistent_with_its_calibration(cal_bf16):
         assert r.to_json()["calibration"]["ok"] is True
 
 
-def _strict(cal: Calibration, p_small: float) -> Calibration:
-    """The same gaps with 10,000 trials a bin and flips only at rate p_small in the
-    smallest bin: an engine whose healthy noise almost never flips."""
-    n = len(NATS_EDGES) - 1
-    bins = GapBins("nats", NATS_EDGES, (10_000,) * n, (int(10_000 * p_small),) + (0,) * (n - 1))
-    return dataclasses.replace(cal, name="strict", flip_nats=bins, flip_steps=None, flip_gap_max_nats=5e-5)
+_strict = strict
 
 
 def test_more_flips_than_the_calibration_predicts_fail_the_run(cal_bf16):

@@ -339,3 +339,45 @@ def test_a_flip_within_the_healthy_gap_move_is_calibrated_noise(tmp_path, ab):
     assert "A's + B's top-2 gap at t 0.25 + 1.5 = 1.75 nats, within the healthy top-2 gap move" in r.cause
     assert "up to 2 nats, p100 over 600 positions" in r.cause
     assert explain(*ab, [pair], [v], None, {"p": 3}, calibration=_moving_calibration(1.0)).pairs[0].kind == "bug"
+
+
+def test_a_failed_run_level_test_turns_every_benign_cause_into_a_bug(tmp_path, ab):
+    """One pair at a time a batched-path bug is batch composition (a burst reproduces it, alone
+    does not); across the run its flips are beyond this engine's noise. Given that finding, the
+    pair is a LOUD bug that keeps its own evidence; without it, the same runs stay benign."""
+    from tracekit.analyze.explain import RUN_LEVEL
+
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", token_seqs=[[5, 6, 9]] * 3, near=NEAR_B)
+    v = write(tmp_path / "v.h5", rows)
+    finding = "16 flips where this engine's calibration predicts 7.03 (95% interval 2-13, p = 0.00325)"
+    benign = explain(*ab, [PAIR], [v], None, {"p": 3}).pairs[0]
+    r = explain(*ab, [PAIR], [v], None, {"p": 3}, run_finding=finding)
+    p = r.pairs[0]
+    assert benign.kind == "batch_composition" and benign.ok
+    assert p.kind == "bug" and p.loud and not p.ok and not r.ok
+    assert p.cause.startswith(f"LOUD: classified bf16_tie_flip (benign), but {RUN_LEVEL} — {finding}")
+    assert p.cause.endswith(f"this pair alone: {benign.cause}")
+    assert f"run-level: {finding}" in r.notes
+
+
+def test_run_finding_reads_the_flip_test_and_the_reference_test():
+    """explain's run-level finding is diff's: None on a run its calibration predicts, the counts
+    with the interval when the flips are beyond it (the committed demo's code16 c8 cell against a
+    calibration whose healthy noise almost never flips, as test_calibration does)."""
+    from support.demo_calibration import demo_pair as _pair
+    from support.demo_calibration import strict as _strict
+
+    from tracekit.analyze import diff
+    from tracekit.analyze.calibrate import measure
+    from tracekit.analyze.explain_noise import run_finding
+
+    cal = measure([_pair("bf16", p, 4) for p in ("code16", "prefix8", "study128")], "demo-bf16-c4", eos=(0,))
+    ok = diff(*_pair("bf16", "code16", 8), eos=(0,), calibration=cal)
+    bad = diff(*_pair("bf16", "code16", 8), eos=(0,), calibration=_strict(cal, 1e-4))
+    assert ok.flip_test.ok and run_finding(ok) is None
+    t = bad.flip_test
+    assert not t.ok and run_finding(bad) == (
+        f"{t.observed} flips where this engine's calibration predicts {t.expected:.2f} (95% interval "
+        f"{t.interval[0]:g}-{t.interval[1]:g}, p = {t.p_value:.3g}; {len(t.beyond)} above its largest healthy flip gap)"
+    )
