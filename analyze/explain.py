@@ -48,7 +48,9 @@ workflow judges A vs B as `diff --calibration --reference` does; when the run fa
 test (its flips more frequent or at larger gaps than this engine's P(flip | gap), or B farther
 from the FP32 reference across the run: explain_noise.run_finding), every pair the rules above
 call benign is a `bug` ("batched-path error beyond this engine's noise across the run"), its own
-rule's cause kept after the run's numbers.
+rule's cause kept after the run's numbers. Likewise a pair whose reported numbers fail diff's
+row checks (top-k out of order, the chosen token's logprob not its top-k entry, `cached_tokens`
+beyond the prompt or off the block size: reported.py) is a `bug` whatever explains its flip.
 
 Which side is right: the side whose token the FP32 `full`-history argmax picks
 (teacher-forced), else the FP32 configuration's cold runs (the majority).
@@ -71,6 +73,7 @@ from .grid import pair_grids
 from .reference import FLOOR, RATIO_MIN
 
 NOT_REPRODUCED = "not reproduced by any numeric variant — report as a bug"
+MISREPORTED = "the engine's reported numbers fail diff's checks — report as a bug"
 RUN_LEVEL = "batched-path error beyond this engine's noise across the run — report as a bug"
 DEFAULT_DRIFT_NATS = 0.5  # uncalibrated: the documented default (docs/explain.md)
 
@@ -317,8 +320,12 @@ def select_pairs(a: str, b: str, keys: list[str] | None = None, **diff_opts) -> 
     divergent ones (a first differing position), or `keys` when given."""
     from .compare import diff
 
-    doc = diff(a, b, **diff_opts).to_json()
+    res = diff(a, b, **diff_opts)
+    doc = res.to_json()
     by_key = {p["key"]: p for p in doc["pairs"]}
+    for k, why in zip(res.columns["key"].tolist(), res.columns["refuted_reported"].tolist()):
+        if why and k in by_key:  # the engine's own report fails a check: said whatever the flip's cause
+            by_key[k] = {**by_key[k], "misreported": why}
     chosen = keys if keys else [p["key"] for p in doc["pairs"] if p["class"] not in ("identical", "incomparable")]
     pairs, skipped = [], []
     for k in chosen:
@@ -411,6 +418,8 @@ def explain(
                     f"({was.strip('()')})"
                 ),
             )
+        if p.get("misreported") and kind in OK_KINDS:
+            kind, cause = "bug", f"{MISREPORTED} — {p['misreported']}; the flip itself: {cause}"
         if run_finding and kind in OK_KINDS:
             kind, cause = "bug", f"{RUN_LEVEL} — {run_finding}; this pair alone: {cause}"
         loud = kind == "bug" and p["class"] in BENIGN

@@ -179,17 +179,20 @@ def run_dtype(dtype: str, prompts: Path, work: Path, args, capture, http, log) -
         a["trace"] = str(a["trace"])
     rows = []
     only = [k for k in getattr(args, "family_kinds", "").split(",") if k]
-    for kind in [k for k in family_kinds() if not only or k in only]:
+    for fault in only or family_kinds():  # KIND or KIND:MAGNITUDE (--family-kinds batch-scale:0.01)
+        kind = fault.split(":")[0]
+        fault = fault if ":" in fault else f"{kind}:{SPECS[kind].default:g}"
+        name = fault.replace(":", "_") if only else kind  # the default magnitudes keep their file names
         extra = ["--prefill-chunk", PREFILL_CHUNK] if SPECS[kind].needs == "prefill_chunk" else []
-        with start_engine([*engine_args, *extra, "--inject-fault", kind], timeout_s=300) as eng:
-            serial = capture(eng.url, prompts, work / f"{dtype}_{kind}_serial.h5", 1, args)
+        with start_engine([*engine_args, *extra, "--inject-fault", fault], timeout_s=300) as eng:
+            serial = capture(eng.url, prompts, work / f"{dtype}_{name}_serial.h5", 1, args)
             http(eng.url + "/reset_prefix_cache", "POST")
-            burst = capture(eng.url, prompts, work / f"{dtype}_{kind}_burst.h5", CONCURRENCY, args)
+            burst = capture(eng.url, prompts, work / f"{dtype}_{name}_burst.h5", CONCURRENCY, args)
             applied = http(eng.url + "/fault_log").get("applied_total")
             if explain:
                 caps = {"serial": serial, "burst": burst}
-                ex = _explain_kind(kind, dtype, base, caps, seen, eng.url, cal_path, work, args)
-        row = {"kind": kind, "fault": f"{kind}:{SPECS[kind].default:g}", "applied": applied}
+                ex = _explain_kind(name, dtype, base, caps, seen, eng.url, cal_path, work, args)
+        row = {"kind": kind, "fault": fault, "applied": applied}
         row["serial"] = _score(base, serial, seen, yardstick)
         row["burst"] = _score(base, burst, seen, yardstick)
         if explain:

@@ -381,3 +381,17 @@ def test_run_finding_reads_the_flip_test_and_the_reference_test():
         f"{t.observed} flips where this engine's calibration predicts {t.expected:.2f} (95% interval "
         f"{t.interval[0]:g}-{t.interval[1]:g}, p = {t.p_value:.3g}; {len(t.beyond)} above its largest healthy flip gap)"
     )
+
+
+def test_a_misreported_pair_is_a_bug_whatever_explains_its_flip(tmp_path, ab):
+    """A healthy tie flip of a burst, on an engine whose top-k rows are out of order: the flip is
+    batch composition, the report is a bug, and explain says both."""
+    from tracekit.analyze.explain import MISREPORTED
+
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", token_seqs=[[5, 6, 9]] * 3, near=NEAR_B)
+    why = "B: top-k row out of order at 1 position (first 2)"
+    r = explain(*ab, [PAIR | {"misreported": why}], [write(tmp_path / "v.h5", rows)], None, {"p": 3})
+    p = r.pairs[0]
+    assert p.kind == "bug" and p.loud and not r.ok
+    assert f"{MISREPORTED} — {why}; the flip itself: cause: batch composition" in p.cause
