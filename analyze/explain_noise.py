@@ -5,7 +5,8 @@
   t may also reach the healthy top-2 gap move: explain.explain passes it to the Scorer).
 - `within_noise`: a pair that the not-reproduced `bug` or `unresolved` rule would name, whose
   class is benign and whose runs show no different computation (no run gave B's token
-  non-numerically or left A's tokens before t), is `calibrated_noise` when its flip lies within
+  non-numerically or left A's tokens before t other than at a near-tie within the same bounds: a
+  burst's other batch mates can tip an earlier tie), is `calibrated_noise` when its flip lies within
   this engine's healthy noise: A's top-2 gap at t at most the largest gap a healthy repeat
   flipped at (that flip itself, flip_rate.healthy_edge), or A's + B's gap within the healthy
   top-2 gap move (the per-pair tie's rule, compare._tie_move). The batched-path-error `bug`
@@ -29,12 +30,13 @@ def numeric_bound(cal) -> float:
 def within_noise(p: dict, cal, counts: dict) -> str | None:
     """With a calibration: the phrase saying that this benign pair's flip lies within the engine's
     measured healthy flips (see the module docstring), or None. Never when a run shows a different
-    computation: B's token back but not numerically, or A's tokens left before t."""
+    computation: B's token back but not numerically, or A's tokens left before t by a jump (not at a
+    near-tie within the numeric bounds)."""
     from .flip_rate import healthy_edge
 
     if cal is None or p.get("class") not in BENIGN:
         return None
-    if any(c.b > c.b_numeric or c.early for c in counts.values()):
+    if any(c.b > c.b_numeric or c.early > c.early_numeric for c in counts.values()):
         return None
     steps = cal.flip_steps is not None and p.get("gap_a_ulp") is not None and p.get("dtype_a") == cal.dtype
     gap = p.get("gap_a_ulp") if steps else p.get("gap_a")

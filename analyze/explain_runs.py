@@ -25,6 +25,7 @@ class VariantCount:
     b_numeric: int = 0
     other: int = 0
     early: int = 0
+    early_numeric: int = 0  # of `early`: left A's tokens at a near-tie (within the bounds), not by a jump
     failed: int = 0
     boundaries: Counter = field(default_factory=Counter)  # reported cached_tokens of the runs
     first_early: int | None = None
@@ -34,6 +35,7 @@ class VariantCount:
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("config", "variant", "n", "a", "b", "b_numeric", "other", "early", "failed")}
+        d["early_numeric"] = self.early_numeric
         d["boundaries"] = {str(k): v for k, v in sorted(self.boundaries.items())}
         d["first_early"] = self.first_early
         d["worst_b_run"] = None if self.worst is None else {"drift_nats": self.worst[0], "gap_nats": self.worst[1]}
@@ -96,8 +98,13 @@ class Scorer:
         ids = cols.token_id
         d = np.flatnonzero(ids[:t] != self.a_ids)
         if len(d):
+            d0 = int(d[0])
             vc.early += 1
-            vc.first_early = int(d[0]) if vc.first_early is None else min(vc.first_early, int(d[0]))
+            vc.first_early = d0 if vc.first_early is None else min(vc.first_early, d0)
+            # another near-tie that tipped before t (a burst's other batch mates), or a jump
+            g = _gap(cols.topk_id[d0], cols.topk_logprob[d0], int(self.a_ids[d0]), int(ids[d0]))
+            if g is not None and g <= self.gap_nats and self._drift(cols, d0) <= self.drift_nats:
+                vc.early_numeric += 1
             return
         tok = int(ids[t])
         if self.ref is not None:
@@ -109,11 +116,7 @@ class Scorer:
             vc.a += 1
         elif tok == self.p["token_b"]:
             vc.b += 1
-            with np.errstate(all="ignore"):
-                diffs = np.abs(cols.logprob[:t].astype(np.float64) - self.a_lps)
-            drift = float(np.nanmax(diffs)) if t and np.isfinite(diffs).any() else 0.0
-            if t and np.isnan(diffs).any():
-                drift = float("inf")  # a NaN never hides drift
+            drift = self._drift(cols, t)
             g = float("inf") if gap is None else gap
             if drift <= self.drift_nats and g <= self.gap_nats:
                 vc.b_numeric += 1
@@ -121,6 +124,14 @@ class Scorer:
                 vc.worst = (drift, g)
         else:
             vc.other += 1
+
+    def _drift(self, cols, t: int) -> float:
+        """Max |logprob - A's| over the chosen tokens before t (inf when a NaN is among them)."""
+        with np.errstate(all="ignore"):
+            diffs = np.abs(cols.logprob[:t].astype(np.float64) - self.a_lps[:t])
+        if t and np.isnan(diffs).any():
+            return float("inf")  # a NaN never hides drift
+        return float(np.nanmax(diffs)) if t and np.isfinite(diffs).any() else 0.0
 
     def _score_reference(self, vc: VariantCount, cols) -> None:
         from .reference import row_errors

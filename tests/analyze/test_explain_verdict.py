@@ -395,3 +395,25 @@ def test_a_misreported_pair_is_a_bug_whatever_explains_its_flip(tmp_path, ab):
     p = r.pairs[0]
     assert p.kind == "bug" and p.loud and not r.ok
     assert f"{MISREPORTED} — {why}; the flip itself: cause: batch composition" in p.cause
+
+
+def test_a_burst_that_tips_an_earlier_near_tie_is_still_calibrated_noise(tmp_path, ab):
+    """A healthy BF16 burst can tip another near-tie before t (its batch mates differ from B's):
+    that run left A's tokens at a tie, not by a jump, so the pair stays within the calibrated noise
+    (the demo's p14 on a loaded machine). A run that leaves A's tokens by a 3-nat jump still
+    refuses the excuse."""
+    pair = {**PAIR, "gap_a": 0.02, "gap_a_ulp": None, "dtype_a": "bf16"}
+    base = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    tie_at_1 = {1: (4, 6, -0.70, -0.71), **NEAR_A}  # the run chose 4 at position 1, a 0.01-nat tie with A's 6
+    jump_at_1 = {1: (4, 6, -0.05, -3.05), **NEAR_A}
+    cal = _flip_calibration(0.025)
+    got = {}
+    for name, near in (("tie", tie_at_1), ("jump", jump_at_1)):
+        rows = base + runs("p", "burst", token_seqs=[[5, 4, 7], [5, 6, 7], [5, 6, 7]], near=near)
+        r = explain(*ab, [pair], [write(tmp_path / f"{name}.h5", rows)], None, {"p": 3}, calibration=cal)
+        got[name] = r.pairs[0]
+    burst = next(c for c in got["tie"].variants if c.variant == "burst")
+    assert burst.early == 1 and burst.early_numeric == 1 and burst.first_early == 1
+    assert got["tie"].kind == "calibrated_noise" and got["tie"].ok
+    assert got["jump"].kind == "bug" and got["jump"].loud
+    assert next(c for c in got["jump"].variants if c.variant == "burst").early_numeric == 0
