@@ -260,6 +260,7 @@ def _excuse_same_ids(cols, ref) -> None:
         same = cols["position"][i] < 0 and cols["len_a"][i] == cols["len_b"][i] and cols["compared"][i] > 0
         clean = not cols["trunc_a"][i] and not cols["trunc_b"][i] and cols["nonfinite"][i] == 0
         clean = clean and cols["inconsistent"][i] == 0 and not cols["refuted_reference"][i]
+        clean = clean and not cols["refuted_reported"][i]  # a misreport is never the engine's arithmetic
         # the drift within twice the *nearer* side's own p99 error: a spike on one side only is no
         # rounding of the same truth, whatever that side's own error then becomes
         scale = 2.0 * min(ref.p99_a[i], ref.p99_b[i])

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from tracekit.verdicts import BENIGN as _BENIGN
 
 BENIGN = tuple(v.value for v in _BENIGN)
@@ -77,9 +79,11 @@ def run_finding(res) -> str | None:
     """The run-level finding of a diff judged on this engine's calibration (and reference), in one
     phrase, or None when the run passes: its flips more frequent, or at larger gaps, than the
     calibration predicts (flip_rate.FlipTest), or B farther from the reference across the run
-    (reference.run_test). One pair at a time a batched-path bug looks like a healthy tie flip (a
-    burst reproduces it, alone does not); across the run it does not, and that is what explain
-    then reports for every pair it would have called benign."""
+    (reference.run_test), or some pairs of the run with B farther from it one at a time (a fault
+    that touches only the padded rows of a batch dilutes the run's median, not those pairs). One
+    pair at a time a batched-path bug looks like a healthy tie flip (a burst reproduces it, alone
+    does not); across the run it does not, and that is what explain then reports for every pair it
+    would have called benign."""
     parts = []
     t = getattr(res, "flip_test", None)
     if t is not None and not t.ok:
@@ -95,5 +99,13 @@ def run_finding(res) -> str | None:
         parts.append(
             f"B farther from the reference across the run (median B/A {r.run_median_ratio:.3g} over "
             f"{r.run_pairs} pairs, Wilcoxon p = {r.run_p_b:.3g})"
+        )
+    if r is not None and (far := np.flatnonzero(np.asarray(r.verdict) == "B farther")).size:
+        keys = res.columns["key"]
+        lo = float(np.nanmin(np.asarray(r.ratio_lo)[far]))
+        named = ", ".join(str(keys[i]) for i in far[:6].tolist()) + ("..." if far.size > 6 else "")
+        parts.append(
+            f"{far.size} pair(s) of the run with B farther from the reference one at a time (B/A 95% CI lower "
+            f"bounds >= {lo:.3g}: {named})"
         )
     return "; ".join(parts) or None

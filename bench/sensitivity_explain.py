@@ -86,7 +86,14 @@ def rescore(root: Path, cal_path: Path) -> list[dict]:
     mates = {p["key"]: p["batch_mates"] for p in doc["pairs"]}
     variants = [str(root / v) for v in doc["traces"]["variants"]]
     teacher = str(root / doc["traces"]["teacher_forced"]) if doc["traces"].get("teacher_forced") else None
-    r = explain(doc["a"], doc["b"], pairs, variants, teacher, mates, skipped, calibration=read_calibration(cal_path))
+    cal = read_calibration(cal_path)
+    finding = None
+    if (root / "reference.h5").exists():  # the run-level test, as the workflow ran it (workflows/explain.py)
+        from tracekit.workflows.explain import ExplainOptions, run_level
+
+        o = ExplainOptions(url="", reference=str(root / "reference.h5"))
+        finding, _ = run_level(doc["a"], doc["b"], cal, root, o)
+    r = explain(doc["a"], doc["b"], pairs, variants, teacher, mates, skipped, calibration=cal, run_finding=finding)
     return [{"key": p.key, "kind": p.kind, "class": p.klass, "loud": p.loud, "cause": p.cause} for p in r.pairs]
 
 
@@ -96,7 +103,8 @@ def rescore_doc(doc: dict, work: Path) -> dict:
     for d in doc["dtypes"]:
         dt, cal = d["dtype"], work / f"{d['dtype']}_calibration.json"
         for row in d["kinds"]:
-            x, root = row.get("explain"), work / f"{dt}_{row['kind']}_explain"
+            x, root = row.get("explain"), work / f"{dt}_{row['fault'].replace(':', '_')}_explain"
+            root = root if root.exists() else work / f"{dt}_{row['kind']}_explain"  # default magnitudes
             if x and x["explained"]:
                 keep = {k: x[k] for k in ("changed", "changed_divergent", "capture")}
                 row["explain"] = tally([r | {"capture": x["capture"]} for r in rescore(root, cal)]) | keep

@@ -160,3 +160,65 @@ def test_the_run_level_test_passes_healthy_runs_with_untouched_pairs():
     ea, eb = _pairs(rng, 5, 3.0)
     same = np.full(20, 0.012)
     assert _run(np.r_[ea, same], np.r_[eb, same])[4] == "too few pairs"  # 5 pairs differ: no verdict
+
+
+def test_a_misreported_top_k_row_is_never_excused_as_the_engines_arithmetic(tmp_path):
+    """Same ids, same logprobs, but B's top-k row out of order (topk-misorder): `unexplained` by
+    the row checks. "Each side as far from the reference as the other" excuses a drift that is the
+    engine's own arithmetic (compare._excuse_same_ids), never a misreport: with the reference the
+    pair stays `unexplained` with its reason (the sensitivity family's BF16 topk-misorder run had
+    half its changed pairs called identical before)."""
+    import dataclasses
+
+    from tracekit.store import TraceReader, TraceWriter
+
+    a = DEMO / "groups" / "ref.bf16.cache-on.prefix8.out32" / "serial.h5"
+    b = tmp_path / "misordered.h5"
+    with TraceReader(a) as r, TraceWriter(b, r.meta) as w:
+        for i in range(len(r)):
+            cols = r.tokens(i)
+            if i == 0:  # the first request's first clear top-2 (> 0.5 nats): both entries swapped
+                ids, lps = cols.topk_id.copy(), cols.topk_logprob.copy()
+                t = int(np.flatnonzero(lps[:, 0] - lps[:, 1] > 0.5)[0])
+                ids[t, [0, 1]], lps[t, [0, 1]] = ids[t, [1, 0]], lps[t, [1, 0]]
+                cols = dataclasses.replace(cols, topk_id=ids, topk_logprob=lps)
+            w.append(r.record(i), cols, r.prompt_ids(i), flush=False)
+        key = r.record(0).key
+        w.flush()
+    ref = _teacher(a, tmp_path / "ref.h5")
+    for kw in ({}, {"reference": ref}):
+        p = diff(a, b, eos=(0,), **kw).by_key(key)
+        assert p.cls == "unexplained", (kw, p.rule)
+        assert "is not sorted by logprob" in p.rule and "each side is as far from the reference" not in p.rule
+
+
+def test_pairs_farther_one_at_a_time_are_a_run_level_finding_for_explain(tmp_path):
+    """A fault that moves only some rows of a batch (an open padding column) leaves the run's median
+    B/A near 1, but those pairs are farther from the reference one at a time: explain's run-level
+    finding names them (explain_noise.run_finding), and a healthy copy has none."""
+    import dataclasses
+
+    from tracekit.analyze.explain_noise import run_finding
+    from tracekit.store import TraceReader, TraceWriter
+
+    a = DEMO / "groups" / "ref.bf16.cache-on.prefix8.out32" / "serial.h5"
+    rng = np.random.default_rng(0)
+    traces = {}
+    for name, moved in (("healthy", ()), ("faulty", (0, 1, 2))):
+        traces[name] = tmp_path / f"{name}.h5"
+        with TraceReader(a) as r, TraceWriter(traces[name], r.meta) as w:
+            for i in range(len(r)):
+                cols = r.tokens(i)
+                if i in moved:  # every row shifted down by 0.2-0.6 nats: order and mass kept, farther from the truth
+                    d = (0.2 + 0.4 * rng.random(len(cols.logprob)))[:, None]
+                    cols = dataclasses.replace(cols, logprob=cols.logprob - d[:, 0], topk_logprob=cols.topk_logprob - d)
+                w.append(r.record(i), cols, r.prompt_ids(i), flush=False)
+            keys = [r.record(i).key for i in moved]
+            w.flush()
+    ref = _teacher(a, tmp_path / "ref.h5")
+    assert run_finding(diff(a, traces["healthy"], eos=(0,), reference=ref)) is None
+    res = diff(a, traces["faulty"], eos=(0,), reference=ref)
+    assert res.reference.ok  # the run-level test alone does not fail it (3 pairs differ: too few for it)
+    got = run_finding(res)
+    assert got is not None and got.startswith("3 pair(s) of the run with B farther from the reference one at a time")
+    assert all(k in got for k in keys)
