@@ -38,7 +38,8 @@ def within_noise(p: dict, cal, counts: dict) -> str | None:
 
     if cal is None or p.get("class") not in BENIGN:
         return None
-    if any(c.b > c.b_numeric or c.early > c.early_numeric for c in counts.values()):
+    # the engine under test's own runs: its FP32 configuration leaves BF16 A's tokens by design
+    if any(c.b > c.b_numeric or c.early > c.early_numeric for c in counts.values() if c.config == "engine"):
         return None
     steps = cal.flip_steps is not None and p.get("gap_a_ulp") is not None and p.get("dtype_a") == cal.dtype
     gap = p.get("gap_a_ulp") if steps else p.get("gap_a")

@@ -417,3 +417,21 @@ def test_a_burst_that_tips_an_earlier_near_tie_is_still_calibrated_noise(tmp_pat
     assert got["tie"].kind == "calibrated_noise" and got["tie"].ok
     assert got["jump"].kind == "bug" and got["jump"].loud
     assert next(c for c in got["jump"].variants if c.variant == "burst").early_numeric == 0
+
+
+def test_the_fp32_configuration_leaving_a_early_does_not_refuse_the_calibrated_noise(tmp_path, ab):
+    """The FP32 configuration computes in another dtype: it leaves BF16 A's tokens at position 0
+    by design. Only the engine under test's own runs can show a different computation (the
+    demo's s128-g1-p5 on a loaded machine: a 1-step tie within the calibration's largest healthy
+    flip, LOUD bug because the FP32 runs left early)."""
+    pair = {**PAIR, "gap_a": 0.02, "gap_a_ulp": None, "dtype_a": "bf16"}
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", **_as_a(3))
+    v = write(tmp_path / "v.h5", rows)
+    fp32 = write(tmp_path / "fp32.h5", runs("p", "alone:cold", config="fp32", token_seqs=[[8, 6, 7]] * 2))
+    r = explain(*ab, [pair], [v, fp32], None, {"p": 3}, calibration=_flip_calibration(0.025)).pairs[0]
+    assert next(c for c in r.variants if c.config == "fp32").early == 2
+    assert r.kind == "calibrated_noise" and r.ok
+    own = runs("p", "burst", token_seqs=[[8, 6, 7]] * 3, near={0: (8, 5, -0.05, -3.05)})  # the engine's own jump
+    v2 = write(tmp_path / "v2.h5", runs("p", "alone:cold", **_as_a(3)) + own)
+    assert explain(*ab, [pair], [v2, fp32], None, {"p": 3}, calibration=_flip_calibration(0.025)).pairs[0].kind == "bug"
