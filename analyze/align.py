@@ -226,8 +226,10 @@ def _replay_reason(a: Side, b: Side, length, off_a, off_b) -> np.ndarray:
 def _unknown_ids_reason(a: Side, b: Side, length, off_a, off_b) -> np.ndarray:
     """Token id -1 (unknown: the engine sent token strings and capture had no
     tokenizer) never equals anything: such a pair cannot be compared by ids."""
-    seg, pos, _ = segments(length)
     out = np.full(len(length), "", dtype=object)
+    if not ((a.token_id < 0).any() or (b.token_id < 0).any()):  # no unknown id in either trace
+        return out
+    seg, pos, _ = segments(length)
     for label, side, off in (("A", a, off_a), ("B", b, off_b)):
         bad = side.token_id[off[seg] + pos] < 0
         cnt = np.bincount(seg[bad], minlength=len(length))

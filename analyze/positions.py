@@ -74,7 +74,8 @@ class Values:
     lp_b: np.ndarray
     on_logits: np.ndarray  # [P] bool
     inconsistent: np.ndarray  # [T] bool: the logprob column contradicts the top-k row
-    said: np.ndarray  # [T, 3] at such positions: side (0 A, 1 B), the column's value, the row's
+    said: np.ndarray  # [m, 3] at the m such positions: side (0 A, 1 B), the column's value, the row's
+    said_at: np.ndarray  # [m] those positions (sorted): a finding is rare, [T, 3] would be mostly NaN
     # Per position, whatever the end of the compared part (drift() masks by position):
     finite: np.ndarray | None = None  # [T] both values finite
     odd: np.ndarray | None = None  # [T] a one-sided NaN/inf (a finding)
@@ -90,14 +91,22 @@ def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
     col_a, col_b = al.a.logprob[al.idx_a], al.b.logprob[al.idx_b]
     top_a, top_b = al.a.topk_lp[al.idx_a], al.b.topk_lp[al.idx_b]
     bad = np.zeros(len(col_a), bool)
-    said = np.full((len(col_a), 3), np.nan)
-    for side, (col, top) in enumerate(((col_b, top_b), (col_a, top_a))):  # A's written last: A first
+    found = []
+    for side, (col, top) in enumerate(((col_a, top_a), (col_b, top_b))):
         # NaN compares False: only positions where both are known can disagree (-inf on both
-        # sides agrees: its difference is NaN, quietly).
+        # sides agrees: its difference is NaN, quietly). Equal values never disagree: the
+        # tolerance is computed where they differ (rare: the column and the row are one response).
+        cand = np.flatnonzero(col != top)
         with np.errstate(invalid="ignore"):
-            off = np.flatnonzero(np.abs(col - top) > COLUMN_VS_TOPK_NATS * np.maximum(1, np.abs(top)))
-        said[off, 0], said[off, 1], said[off, 2] = 1 - side, col[off], top[off]
+            c, r = col[cand], top[cand]
+            off = cand[np.abs(c - r) > COLUMN_VS_TOPK_NATS * np.maximum(1, np.abs(r))]
         bad[off] = True
+        found.append(off)
+    said_at = np.union1d(*found)  # where both sides disagree, A's numbers are said
+    said = np.full((len(said_at), 3), np.nan)
+    for side, off, (col, top) in ((1, found[1], (col_b, top_b)), (0, found[0], (col_a, top_a))):
+        j = np.searchsorted(said_at, off)
+        said[j, 0], said[j, 1], said[j, 2] = side, col[off], top[off]
     va = np.where(np.isnan(col_a), top_a, col_a)
     vb = np.where(np.isnan(col_b), top_b, col_b)
     lp_a, lp_b = va, vb
@@ -114,7 +123,7 @@ def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
             la, lb = al.a.chosen_logits(), al.b.chosen_logits()
             va = np.where(rows, la[al.idx_a], va)
             vb = np.where(rows, lb[al.idx_b], vb)
-    return _per_position(al, Values(va, vb, lp_a, lp_b, on_logits, bad, said, bits=bits))
+    return _per_position(al, Values(va, vb, lp_a, lp_b, on_logits, bad, said, said_at, bits=bits))
 
 
 def _per_position(al: Alignment, v: Values) -> Values:
@@ -123,17 +132,29 @@ def _per_position(al: Alignment, v: Values) -> Values:
     nz = np.flatnonzero(al.length > 0)
     starts = al.start[nz]
     odd = np.zeros(len(la), bool)
+    finite_lp = None
     # One-sided NaN/inf is a finding, read on the logprobs (and on the logits for pairs
     # measured on them). A side that recorded no logprob at all for a request: not a finding.
     for xa, xb, only in ((v.lp_a, v.lp_b, None), (la, lb, v.on_logits)):
         if only is not None and not only.any():
             continue
-        silent = np.zeros(P, bool)
-        if len(nz):
-            silent[nz] = (np.add.reduceat(~np.isnan(xa), starts) == 0) | (np.add.reduceat(~np.isnan(xb), starts) == 0)
-        o = ~(np.isfinite(xa) & np.isfinite(xb)) & ~(np.isnan(xa) & np.isnan(xb)) & ~(xa == xb)
-        o &= ~silent[al.seg] if only is None else only[al.seg]
-        odd |= o
+        fin = np.isfinite(xa) & np.isfinite(xb)
+        finite_lp = fin if only is None else finite_lp
+        cand = np.flatnonzero(~fin)  # only a position with a non-finite value can be one
+        if not len(cand):
+            continue
+        a, b = xa[cand], xb[cand]
+        o = ~(np.isnan(a) & np.isnan(b)) & ~(a == b)
+        if only is None:
+            silent = np.zeros(P, bool)
+            if len(nz):
+                silent[nz] = (np.add.reduceat(~np.isnan(xa), starts) == 0) | (
+                    np.add.reduceat(~np.isnan(xb), starts) == 0
+                )
+            o &= ~silent[al.seg[cand]]
+        else:
+            o &= only[al.seg[cand]]
+        odd[cand[o]] = True
     raw = np.abs(la.astype(np.float64) - lb)
     delta = raw
     logit_rows = v.on_logits[al.seg]
@@ -142,7 +163,7 @@ def _per_position(al: Alignment, v: Values) -> Values:
         delta = np.where(logit_rows, s, raw)
     return dataclasses.replace(
         v,
-        finite=np.isfinite(la) & np.isfinite(lb),
+        finite=finite_lp if la is v.lp_a and lb is v.lp_b else np.isfinite(la) & np.isfinite(lb),
         odd=odd,
         delta=delta,
         raw=raw,
@@ -202,7 +223,8 @@ def drift(al: Alignment, end: np.ndarray, v: Values, skip: bool = False) -> Drif
     inc[nz] = np.add.reduceat(bad, starts, dtype=np.int64)
     inc_pos, inc_idx = _first_per_pair(al, bad, P)
     said = np.full((P, 3), np.nan)
-    said[inc_idx >= 0] = v.said[inc_idx[inc_idx >= 0]]
+    has = inc_idx >= 0
+    said[has] = v.said[np.searchsorted(v.said_at, inc_idx[has])]
     bitwise[nz] = np.add.reduceat(v.differ & pre, starts, dtype=np.int64) == 0
     return Drift(dmax, mean, n, nf, nf_pos, nfa, nfb, inc, inc_pos, said, bitwise, raw_max)
 
