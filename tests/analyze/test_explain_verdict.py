@@ -435,3 +435,31 @@ def test_the_fp32_configuration_leaving_a_early_does_not_refuse_the_calibrated_n
     own = runs("p", "burst", token_seqs=[[8, 6, 7]] * 3, near={0: (8, 5, -0.05, -3.05)})  # the engine's own jump
     v2 = write(tmp_path / "v2.h5", runs("p", "alone:cold", **_as_a(3)) + own)
     assert explain(*ab, [pair], [v2, fp32], None, {"p": 3}, calibration=_flip_calibration(0.025)).pairs[0].kind == "bug"
+
+
+def test_a_burst_farther_than_alone_but_within_the_healthy_error_is_batch_composition(tmp_path, ab):
+    """The H200 Qwen3-4B pair (random weights): bursts 0.501 nats from the FP32 reference, alone
+    0.040 (ratio 12.5) — a bug by the ratio alone; but this engine's healthy sides reach 0.501 nats
+    against the same reference (calibrate --reference), so the bursts are within its noise: batch
+    composition, with both numbers. A calibration whose healthy sides stay below keeps it a bug."""
+    import dataclasses
+
+    rows = runs("p", "alone:cold", **_as_a(3)) + runs("p", "warm:32", cached=32, **_as_a(3))
+    rows += runs("p", "burst", token_seqs=[[5, 6, 9]] * 3, lps=[-0.4, -0.4, -0.01], near=NEAR_B)
+    v, ref = write(tmp_path / "v.h5", rows), _fp32_full(tmp_path)
+    burst_err = explain(*ab, [PAIR], [v], ref, {"p": 3}).pairs[0]
+    err = next(c for c in burst_err.variants if c.variant == "burst").err
+    assert burst_err.kind == "bug" and err > 0.25
+
+    def cal(healthy):
+        return dataclasses.replace(  # drift up to 0.3 nats: the runs stay numeric under the 0.6-nat bound
+            _flip_calibration(0.025),
+            drift_max_nats={"p100": 0.3},
+            ref_error={"reference": "fp32 full", "n": 80, "mean_nats": {"p100": healthy}},
+        )
+
+    assert cal(err * 1.01).ref_error_max == pytest.approx(err * 1.01)
+    ok = explain(*ab, [PAIR], [v], ref, {"p": 3}, calibration=cal(err * 1.01)).pairs[0]
+    assert ok.kind == "batch_composition" and ok.ok
+    assert f"within this engine's healthy error against it (up to {err * 1.01:.3g} nats, calibrated)" in ok.cause
+    assert explain(*ab, [PAIR], [v], ref, {"p": 3}, calibration=cal(err / 2)).pairs[0].kind == "bug"
