@@ -145,75 +145,6 @@ def _choice(ch: Any, acc: Acc, t: float) -> None:
         acc.finish_reason = fr
 
 
-def _parse(obj: Any, acc: Acc, t: float) -> None:
-    """The general path: any event or body of these routes."""
-    if type(obj) is not dict or obj.get("error"):
-        check_error(obj)
-    choices = obj.get("choices")
-    if choices:
-        if type(choices) is not list:
-            raise ResponseShapeError("'choices' is not a list")
-        for ch in choices:
-            _choice(ch, acc, t)
-    pids = obj.get("prompt_token_ids")
-    if pids:
-        acc.prompt_ids = list(pids)
-    usage = obj.get("usage")
-    if usage:
-        usage_into(usage, acc)
-
-
-def _vllm_token_event(obj: Any, acc: Acc, t: float) -> None:
-    """vLLM's streamed token event, the hot path: one choice (index 0) holding one token in the
-    legacy arrays, its id in `token_ids`, no raw logits. Read by subscripts and unpacking, with
-    the checks the general path makes on this shape, and the same appends in the same order;
-    any other shape (the usage event, an error, n > 1, a whole body, a chat entry, a field of
-    another type) goes to the general path, which gives this shape the same result (tests:
-    test_hot_path.py compares them on every shape)."""
-    try:
-        (ch,) = obj["choices"]  # obj a dict, choices a list of one
-        lp = ch["logprobs"]  # ch a dict
-        (tops,) = lp["top_logprobs"]  # lp a dict
-        tokens = lp["tokens"]
-        (lpv,) = lp["token_logprobs"]
-        index = ch["index"]
-    except (KeyError, TypeError, ValueError):
-        return _parse(obj, acc, t)
-    tids = ch.get("token_ids")
-    if (
-        type(tops) is not dict  # also: top_logprobs was a list (a key or a character is no dict)
-        or type(lpv) is not float  # also: token_logprobs was a list
-        or type(tokens) is not list
-        or len(tokens) != 1
-        or type(tids) is not list
-        or len(tids) != 1
-        or index != 0
-        or "error" in obj
-        or "top_logits" in lp
-        or acc.top_logits is not None
-    ):
-        return _parse(obj, acc, t)
-    acc.ids += tids
-    acc.lps.append(lpv)
-    acc.t.append(t)
-    acc.widths.append(len(tops))
-    acc.top_ids += tops  # the keys
-    acc.top_vals += tops.values()
-    acc.str_tops = True
-    pids = ch.get("prompt_token_ids")  # on the first chunk; null on the others (0.33)
-    if pids:
-        acc.prompt_ids = list(pids)
-    fr = ch.get("finish_reason")
-    if fr:
-        acc.finish_reason = fr
-    pids = obj.get("prompt_token_ids")
-    if pids:
-        acc.prompt_ids = list(pids)
-    usage = obj.get("usage")
-    if usage:
-        usage_into(usage, acc)
-
-
 class OpenAICompletions:
     name = "openai"
     done_marker = True
@@ -242,9 +173,25 @@ class OpenAICompletions:
     def bad_body(self, spec: RequestSpec) -> dict[str, Any]:
         return {**self.body(spec), "max_tokens": BAD_VALUE}
 
-    # One stream event, or a whole body: the same shape. Explicit nulls (vLLM 0.33 sends
-    # `prompt_token_ids`, `token_ids`, `weight_versions` as null on every chunk) mean absent.
-    parse_event = parse_response = staticmethod(_parse)
+    def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
+        """One stream event, or a whole body: the same shape. Explicit nulls (vLLM 0.33 sends
+        `prompt_token_ids`, `token_ids`, `weight_versions` as null on every chunk) mean absent."""
+        if type(obj) is not dict or obj.get("error"):
+            check_error(obj)
+        choices = obj.get("choices")
+        if choices:
+            if type(choices) is not list:
+                raise ResponseShapeError("'choices' is not a list")
+            for ch in choices:
+                _choice(ch, acc, t)
+        pids = obj.get("prompt_token_ids")
+        if pids:
+            acc.prompt_ids = list(pids)
+        usage = obj.get("usage")
+        if usage:
+            usage_into(usage, acc)
+
+    parse_response = parse_event
 
 
 class OpenAIChat(OpenAICompletions):
@@ -277,5 +224,3 @@ class VLLMCompletions(OpenAICompletions):
         b.setdefault("return_tokens_as_token_ids", True)
         b.setdefault("return_token_ids", True)
         return b
-
-    parse_event = staticmethod(_vllm_token_event)  # the token event by subscripts, else _parse
