@@ -160,10 +160,10 @@ def _refine(bits: np.ndarray, fixed: bool, rows, D: np.ndarray, note: np.ndarray
         return bits
     vals = np.stack([rows.lg_top, rows.lg_mine, rows.lg_other], 1)
     out = bits.copy()
-    for i in range(len(D)):
-        v = vals[i][np.isfinite(vals[i])]
-        if not len(v) or on_grid(v, int(bits[D[i]])).all():
-            continue
+    fin = np.isfinite(vals)
+    fits = (on_grid(vals, bits[D][:, None]) | ~fin).all(1)  # every finite value on its grid: kept
+    for i in np.flatnonzero(~fits).tolist():  # the rest, one at a time (rare)
+        v = vals[i][fin[i]]
         finer = next((b for b in sorted(BITS) if b > bits[D[i]] and on_grid(v, b).all()), max(BITS))
         out[D[i]] = finer
         note[D[i]] = (

@@ -111,16 +111,17 @@ def side_row(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None, mine, 
     above = (np.where(unknown, lps, -np.inf) >= lp_mine[:, None]) | (np.where(unknown, lg, -np.inf) >= lg_mine[:, None])
     col_off = has_mine & np.isfinite(chosen_lp) & np.isfinite(lp_mine)
     col_off &= np.abs(chosen_lp - lp_mine) > COLUMN_NATS * np.maximum(1, np.abs(lp_mine))
+    dup = (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any(1)
     bad = (
         COLUMN * col_off
-        + DUP_ID * (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any(1)
+        + DUP_ID * dup
         + POS_INF * (np.isposinf(lps) | np.isposinf(lg)).any(1)
         + POSITIVE_LP * (np.where(valid, lps, -np.inf) > POSITIVE_LIMIT).any(1)
         + SUM_OVER_ONE * (prob_sum > SUM_LIMIT)
         + UNKNOWN_ABOVE * (unknown & above).any(1)
         + CAND_LOGIT * (row_lg & (~np.isfinite(lg_mine) | (has_other & ~np.isfinite(lg_other))))
     ).astype(np.int64)
-    detail = _details(ids, lps, lg, valid, unknown, chosen_lp, lp_mine, lg_mine, lg_other)
+    detail = _details(ids, lps, lg, valid, unknown, chosen_lp, lp_mine, dup)
     return SideRow(
         has_mine,
         has_other,
@@ -140,16 +141,17 @@ def side_row(ids: np.ndarray, lps: np.ndarray, logits: np.ndarray | None, mine, 
     )
 
 
-def _details(ids, lps, lg, valid, unknown, chosen_lp, lp_mine, lg_mine, lg_other) -> np.ndarray:
+def _details(ids, lps, lg, valid, unknown, chosen_lp, lp_mine, dup) -> np.ndarray:
     """[D, 6] numbers the rule text quotes: the chosen-logprob column's value, the
     largest logprob, how far an unknown id lies above the choice, the first repeated
-    id and its first two logprobs. The non-finite candidate logit is lg_mine / lg_other."""
+    id and its first two logprobs (dup [D]: the rows holding a repeated id). The
+    non-finite candidate logit is lg_mine / lg_other."""
     D, k = ids.shape
     out = np.full((D, 6), np.nan)
     out[:, 0] = chosen_lp
     out[:, 1] = np.where(valid & ~np.isnan(lps), lps, -np.inf).max(1)
     out[:, 2] = np.where(unknown, lps, -np.inf).max(1) - lp_mine
-    for i in range(D):  # rows with a repeated id are rare: the loop runs over those only
+    for i in np.flatnonzero(dup).tolist():  # rows with a repeated id are rare: the loop runs over those only
         v = ids[i][valid[i]]
         if len(np.unique(v)) < len(v):
             u, c = np.unique(v, return_counts=True)

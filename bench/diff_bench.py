@@ -347,6 +347,7 @@ def scaling(sizes: list[int], repeats: int, as_json: bool) -> int:
         print(tabulate(table, headers=heads, tablefmt="simple", disable_numparse=True))
         said = ", ".join(f"{k[len('slope_fit_') :]} {v:.2f}" for k, v in fits.items() if v is not None)
         print(f"slope of log(seconds) on log(positions) (1 = linear): {said}")
+        print(f"classes {'match' if ok else 'MISMATCH'} at every size (planted vs found)")
     return 0 if ok else 1
 
 
