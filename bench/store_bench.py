@@ -3,7 +3,10 @@
 Prints a table, or with --json one object. Ratios are measured side by side in
 one run: `read_vs_npy` = time to read the columns from the trace ÷ time to read
 the same arrays from .npy files (the floor); `bytes_vs_raw` = file size ÷ raw
-array bytes. Targets: read_vs_npy <= 2, bytes_vs_raw <= 1.2.
+array bytes. Targets: read_vs_npy <= 2, bytes_vs_raw <= 1.2. `read_vs_npy_crc32` = the
+trace read ÷ the .npy read plus zlib's CRC-32 over every array: a floor that, like the
+trace's Fletcher-32 checksums, reads each byte once more to verify it (no target; it says
+how much of read_vs_npy is the price of checking the bytes at all).
 The cost of the Fletcher-32 checksums (every dataset carries them): the same trace
 written without them (`TraceWriter(checksums=False)`, what an older tracekit wrote)
 side by side, `checksum_write_cost` / `checksum_read_cost` = with ÷ without (write:
@@ -22,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +77,14 @@ def read_trace(path: Path) -> tuple[float, dict]:
     return time.perf_counter() - t0, got
 
 
-def read_npy(d: Path) -> float:
+def read_npy(d: Path, check: bool = False) -> float:
+    """Seconds to load the .npy arrays; check: and run zlib's CRC-32 over each (a floor that, like
+    the trace's Fletcher-32, reads every byte once more to verify it)."""
     t0 = time.perf_counter()
     for c in COLUMNS:
-        np.load(d / f"{c}.npy")
+        a = np.load(d / f"{c}.npy")
+        if check:
+            zlib.crc32(a)
     return time.perf_counter() - t0
 
 
@@ -101,12 +109,13 @@ def run(n: int, k: int, repeats: int) -> dict:
         for c, a in cols.items():
             np.save(d / f"{c}.npy", a)
         npy_write_s = time.perf_counter() - t0
-        trace_reads, npy_reads, plain_reads = [], [], []
+        trace_reads, npy_reads, plain_reads, checked_reads = [], [], [], []
         for _ in range(repeats):  # interleaved; minimum of each (both from the page cache)
             s, got = read_trace(path)
             trace_reads.append(s)
             npy_reads.append(read_npy(d))
             plain_reads.append(read_trace(plain)[0])
+            checked_reads.append(read_npy(d, check=True))
         for c in COLUMNS:
             assert np.array_equal(got[c], cols[c]), f"column {c} did not round-trip"
         size = os.path.getsize(path)
@@ -122,6 +131,8 @@ def run(n: int, k: int, repeats: int) -> dict:
         "read_s": tr,
         "npy_read_s": nr,
         "read_vs_npy": tr / nr,
+        "npy_crc32_read_s": min(checked_reads),
+        "read_vs_npy_crc32": tr / min(checked_reads),
         "read_positions_per_s": n / tr,
         "write_positions_per_s": n / write_s,
         "write_cpu_s": min(c for _, c in w_ck),
@@ -163,6 +174,8 @@ def main() -> None:
         ["read (trace)", f"{res['read_s']:.3f} s"],
         ["read (.npy, floor)", f"{res['npy_read_s']:.3f} s"],
         ["read_vs_npy (target <= 2)", f"{res['read_vs_npy']:.2f}"],
+        ["read (.npy + CRC-32 of every array)", f"{res['npy_crc32_read_s']:.3f} s"],
+        ["read_vs_npy_crc32 (a floor that verifies its bytes too)", f"{res['read_vs_npy_crc32']:.2f}"],
         ["write CPU, with / without checksums", f"{res['write_cpu_s']:.3f} / {res['write_cpu_s_no_checksum']:.3f} s"],
         ["checksum_write_cost (64 requests a flush)", f"{res['checksum_write_cost']:.2f}"],
         ["read, with / without checksums", f"{res['read_s']:.3f} / {res['read_s_no_checksum']:.3f} s"],
