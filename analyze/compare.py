@@ -301,10 +301,16 @@ def reference_line(ref) -> str:
         return f"reference {ref.source}: no pair could be compared with it (keys or prompts differ)"
     v = ref.verdict[ok].tolist()
     counts = ", ".join(f"{k} {v.count(k)}" for k in ("B farther", "A farther", "both far") if v.count(k))
-    if ref.note is not None and (n_far := int((ref.note != "").sum())):
+    notes = [] if ref.note is None else [str(n) for n in ref.note.tolist()]
+    if n_far := sum(n.startswith("both sides") for n in notes):
         counts = (counts + "; " if counts else "") + (
             f"{n_far} pair(s) with the same rows on both sides above the default ceiling (not judged: calibrate "
             "with --reference)"
+        )
+    if n_within := sum("within this engine's healthy error" in n for n in notes):
+        counts = (counts + "; " if counts else "") + (
+            f"{n_within} pair(s) with one side farther from it than the other, but within this engine's healthy "
+            "error against it (calibrated)"
         )
     p = min(ref.run_p_b, ref.run_p_a)
     left = f"; {ref.run_equal} pairs with the same rows on both sides left out" if ref.run_equal else ""

@@ -251,10 +251,14 @@ def _verdict(ma: float, mb: float, stats, dtype: str, healthy: float | None = No
             f"both sides {ma:.3g} nats from the reference: above the default {dtype} ceiling {ceiling:g} "
             "(measured on the tiny model), the same rows on both sides; calibrate with --reference to judge"
         )
-    if pb < ALPHA and lo > RATIO_MIN and mb - ma > floor:
-        return "B farther", ""
-    if pa < ALPHA and hi < 1 / RATIO_MIN and ma - mb > floor:
-        return "A farther", ""
+    for side, far, near, p, bound in (("B", mb, ma, pb, lo > RATIO_MIN), ("A", ma, mb, pa, hi < 1 / RATIO_MIN)):
+        if p < ALPHA and bound and far - near > floor:
+            if healthy is not None and far <= healthy:  # this engine's own healthy sides reach that far
+                return "", (
+                    f"{side} farther from the reference than {'A' if side == 'B' else 'B'} ({far:.3g} vs {near:.3g} "
+                    f"nats) but within this engine's healthy error against it (up to {healthy:.3g} nats, calibrated)"
+                )
+            return f"{side} farther", ""
     return "", ""
 
 

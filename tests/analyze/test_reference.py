@@ -192,29 +192,73 @@ def test_a_misreported_top_k_row_is_never_excused_as_the_engines_arithmetic(tmp_
         assert "is not sorted by logprob" in p.rule and "each side is as far from the reference" not in p.rule
 
 
-def test_pairs_farther_one_at_a_time_are_a_run_level_finding_for_explain(tmp_path):
-    """A fault that moves only some rows of a batch (an open padding column) leaves the run's median
-    B/A near 1, but those pairs are farther from the reference one at a time: explain's run-level
-    finding names them (explain_noise.run_finding), and a healthy copy has none."""
+def _moved_copies(tmp_path, moved=(0, 1, 2)):
+    """The demo's BF16 prefix8 serial trace A, a bitwise copy ("healthy") and a copy whose requests
+    `moved` have every row shifted down by 0.2-0.6 nats ("faulty": order and mass kept, farther
+    from the truth): (A, {name: path}, the moved keys)."""
     import dataclasses
 
-    from tracekit.analyze.explain_noise import run_finding
     from tracekit.store import TraceReader, TraceWriter
 
     a = DEMO / "groups" / "ref.bf16.cache-on.prefix8.out32" / "serial.h5"
     rng = np.random.default_rng(0)
     traces = {}
-    for name, moved in (("healthy", ()), ("faulty", (0, 1, 2))):
+    for name, which in (("healthy", ()), ("faulty", moved)):
         traces[name] = tmp_path / f"{name}.h5"
         with TraceReader(a) as r, TraceWriter(traces[name], r.meta) as w:
             for i in range(len(r)):
                 cols = r.tokens(i)
-                if i in moved:  # every row shifted down by 0.2-0.6 nats: order and mass kept, farther from the truth
+                if i in which:
                     d = (0.2 + 0.4 * rng.random(len(cols.logprob)))[:, None]
                     cols = dataclasses.replace(cols, logprob=cols.logprob - d[:, 0], topk_logprob=cols.topk_logprob - d)
                 w.append(r.record(i), cols, r.prompt_ids(i), flush=False)
             keys = [r.record(i).key for i in moved]
             w.flush()
+    return a, traces, keys
+
+
+def test_a_side_farther_but_within_the_healthy_error_is_consistent(tmp_path):
+    """llama.cpp's CUDA F32 path (H200, Qwen3-4B shape, random weights): its bursts are 6x farther
+    from the FP32 replay than its serial runs (0.00145 vs 0.00023 nats) in healthy runs too; a
+    calibration measured against the reference knows how far this engine's healthy sides reach
+    (0.008), and a pair within that is consistent with a note naming both numbers, not a bug.
+    Beyond it the pair stays `B farther`."""
+    import dataclasses
+
+    from tracekit.analyze.calibrate import measure
+
+    a, traces, keys = _moved_copies(tmp_path, moved=(0,))
+    ref = _teacher(a, tmp_path / "ref.h5")
+    cal = measure([(str(a), str(traces["healthy"]))], "copy", eos=(0,), reference=ref)
+    far = diff(a, traces["faulty"], eos=(0,), reference=ref)
+    i = int(np.flatnonzero(far.columns["key"] == keys[0])[0])
+    err_b = float(far.reference.err_b[i])
+    assert far.reference.verdict[i] == "B farther" and err_b > 0.1
+
+    def judged(healthy: float):
+        c = dataclasses.replace(
+            cal, ref_error={**cal.ref_error, "mean_nats": {**cal.ref_error["mean_nats"], "p100": healthy}}
+        )
+        return diff(a, traces["faulty"], eos=(0,), reference=ref, calibration=c)
+
+    within = judged(err_b * 1.5)
+    p = within.by_key(keys[0])
+    # not refuted by the reference (its drift, 0.2-0.6 nats against a calibration of bitwise copies, is
+    # still beyond the drift tolerance: that check is not the reference's to excuse)
+    assert within.reference.verdict[i] == "" and "B is farther from the reference" not in p.rule
+    assert f"but within this engine's healthy error against it (up to {err_b * 1.5:.3g} nats, calibrated)" in p.rule
+    beyond = judged(err_b / 2)
+    assert beyond.reference.verdict[i] == "B farther" and beyond.by_key(keys[0]).cls == "unexplained"
+    assert "B is farther from the reference" in beyond.by_key(keys[0]).rule
+
+
+def test_pairs_farther_one_at_a_time_are_a_run_level_finding_for_explain(tmp_path):
+    """A fault that moves only some rows of a batch (an open padding column) leaves the run's median
+    B/A near 1, but those pairs are farther from the reference one at a time: explain's run-level
+    finding names them (explain_noise.run_finding), and a healthy copy has none."""
+    from tracekit.analyze.explain_noise import run_finding
+
+    a, traces, keys = _moved_copies(tmp_path)
     ref = _teacher(a, tmp_path / "ref.h5")
     assert run_finding(diff(a, traces["healthy"], eos=(0,), reference=ref)) is None
     res = diff(a, traces["faulty"], eos=(0,), reference=ref)
