@@ -130,8 +130,11 @@ def main() -> None:
     ap.add_argument("doc", type=Path, help="its --json output")
     ap.add_argument("--keep", type=Path, required=True, help="its --keep directory")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--diffs", action="store_true", help="also judge every diff figure again (rescore_diffs)")
     args = ap.parse_args()
     doc = rescore_doc(json.loads(args.doc.read_text()), args.keep)
+    if args.diffs:
+        doc = fam.rescore_diffs(doc, args.keep)
     print(json.dumps(doc, indent=1, default=str) if args.json else fam.table(doc))
 
 

@@ -123,6 +123,40 @@ def yardstick_stats(res) -> dict:
     }
 
 
+def rescore_diffs(doc: dict, work: Path) -> dict:
+    """A `--family --json --keep WORK` document with every diff figure judged again by the current
+    analysis code from WORK's kept traces (nothing re-sent; `rediffed: true`): the held-out healthy
+    runs and each kind's serial and burst capture, on the kept calibration and reference."""
+    from tracekit.calibration import read_calibration
+
+    for d in doc["dtypes"]:
+        dt = d["dtype"]
+        base = work / f"{dt}_healthy_serial.h5"
+        healthy = sorted(work.glob(f"{dt}_healthy_c{CONCURRENCY}_*.h5"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+        seen = collections.defaultdict(set)
+        for t in [base, *healthy]:
+            for key, out in outputs(t).items():
+                seen[key].add(out)
+        yardstick = {"calibration": read_calibration(work / f"{dt}_calibration.json"),
+                     "reference": work / f"{dt}_reference_fp32.h5"}  # fmt: skip
+        half = max(1, len(healthy) // 2)
+        held = []
+        for t in healthy[half:]:
+            r = diff(base, t, **yardstick)
+            held.append({"run": int(t.stem.rsplit("_", 1)[1]), "ok": r.ok, "pairs": len(r), **yardstick_stats(r)})
+        d["calibrated_held_out"] = held
+        d["calibrated_false_alarm_runs"] = sum(not h["ok"] for h in held)
+        d["calibrated_healthy_runs"] = len(held)
+        for row in d["kinds"]:
+            name = row["fault"].replace(":", "_")
+            if not (work / f"{dt}_{name}_serial.h5").exists():
+                name = row["kind"]
+            for cap in ("serial", "burst"):
+                row[cap] = _score(base, work / f"{dt}_{name}_{cap}.h5", seen, yardstick)
+    doc["rediffed"] = True
+    return doc
+
+
 def _reference(base: Path, out: Path) -> Path:
     """The FP32 teacher-forced full replay of the baseline's tokens (the fixture model)."""
     root = Path(__file__).resolve().parents[1]
