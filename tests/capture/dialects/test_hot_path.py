@@ -176,41 +176,15 @@ def test_token_id_parse_takes_exactly_the_vllm_form(text, n, want):
 def test_stream_with_infinity_and_crlf_events_parses_through_the_client():
     """Through a real socket: -Infinity (Python's json.dumps writes it; orjson refuses it, the
     client falls back to json) and a CRLF event in the middle (the SSE spec path) both parse."""
-    import asyncio
     import json
 
-    from aiohttp import web
-
-    from tracekit.capture.client import Clock, make_session, send
-    from tracekit.capture.dialects import RequestSpec
+    from support.sse_replay import capture_stream
 
     evs = [_event(i, [f"token_id:{i}", "token_id:9"], [-0.5, float("-inf") if i == 1 else -2.0]) for i in range(3)]
     evs[2]["choices"][0]["finish_reason"] = "length"
     body = [b"data: " + json.dumps(e).encode() + (b"\r\n\r\n" if i == 2 else b"\n\n") for i, e in enumerate(evs)]
 
-    async def main():
-        async def completions(request):
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            for part in body + [b"data: [DONE]\n\n"]:
-                await resp.write(part)
-            return resp
-
-        app = web.Application()
-        app.router.add_post("/v1/completions", completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            async with make_session(1, 10.0) as s:
-                spec = RequestSpec("k", [1, 2], 3, 2, False, True)
-                return await send(s, f"http://127.0.0.1:{port}", get("vllm"), spec, Clock())
-        finally:
-            await runner.cleanup()
-
-    outcome, acc = asyncio.run(main())
+    outcome, acc = capture_stream(body + [b"data: [DONE]\n\n"], 2)
     assert outcome.record.status == "ok", outcome.record.error
     cols = acc.columns(2, False, None)
     assert cols.topk_id.tolist() == [[0, 9], [1, 9], [2, 9]]

@@ -37,39 +37,14 @@ def _vllm_event(**choice) -> dict:
 
 
 JSON_FALLBACK = r"""
-import asyncio, json, sys
+import json, sys
 sys.modules["orjson"] = None  # as on an image without orjson
-from aiohttp import web
 from tracekit.capture import client
-from tracekit.capture.client import Clock, make_session, send
-from tracekit.capture.dialects import RequestSpec, get
+from support.sse_replay import capture_stream
 
 assert client._loads is json.loads, client._loads
 events = json.loads(sys.argv[1])
-
-async def main():
-    async def completions(request):
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for e in events:
-            await resp.write(b"data: " + e.encode() + b"\n\n")
-        return resp
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        async with make_session(1, 10.0) as s:
-            spec = RequestSpec("k", [1, 2], 3, 3, False, True)
-            return await send(s, f"http://127.0.0.1:{port}", get("vllm"), spec, Clock())
-    finally:
-        await runner.cleanup()
-
-outcome, acc = asyncio.run(main())
+outcome, acc = capture_stream([b"data: " + e.encode() + b"\n\n" for e in events], 3)
 cols = acc.columns(3, False, None) if outcome.record.status == "ok" else None
 print(json.dumps({"status": outcome.record.status, "error": outcome.record.error,
                   "topk": cols.topk_id.tolist() if cols is not None else None}))
@@ -84,7 +59,8 @@ def test_the_client_falls_back_to_json_without_orjson(broken):
     if broken:
         evs.insert(1, '{"choices": [')
     evs.append("[DONE]")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]  # tests/: support.sse_replay
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     run = subprocess.run(
         [sys.executable, "-c", JSON_FALLBACK, json.dumps(evs)], capture_output=True, text=True, env=env, timeout=120
     )
