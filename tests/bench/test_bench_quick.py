@@ -149,6 +149,8 @@ def test_every_bench_is_run_or_skipped_with_a_reason():
     run |= {"gpu_study/engine_checks.py", "gpu_study/lanes.py"}  # study.py's checks and lanes phases
     # sensitivity.py --family [--explain] (imported by it; its full run is bench/RESULTS.md's)
     run |= {"sensitivity_family.py", "sensitivity_explain.py"}
+    # llama.cpp's CUDA job: its CPU dry run below (test_llamacpp_cuda_dry_run; llamacpp_report.py is its tables)
+    run |= {"gpu_study/llamacpp_cuda.py", "gpu_study/llamacpp_report.py"}
     assert not run & set(SKIPPED)
     assert found == run | set(SKIPPED)
 
@@ -176,3 +178,20 @@ def test_bench_quick_mode_runs(case, tmp_path):
         assert r.returncode == 0, f"{script} exited {r.returncode}:\n{out[-4000:]}"
         for pat in figures:
             assert re.search(pat, out), f"{script} did not print /{pat}/:\n{out[-4000:]}"
+
+
+@pytest.mark.skipif(not os.environ.get("TRACEKIT_LLAMA_SERVER"), reason="needs TRACEKIT_LLAMA_SERVER (CI builds it)")
+def test_llamacpp_cuda_dry_run(tmp_path):
+    """bench/gpu_study/llamacpp_cuda.py's CPU dry run, one cell: a --smoke Qwen3 converted to an F32
+    GGUF, served by the CPU llama-server, captured serially and as a burst, judged (plain, calibrated,
+    calibrated + reference), its report written: the GPU job's every part but the CUDA build."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_study" / "llamacpp_cuda.py"), "--smoke", "--device", "cpu"]
+    cmd += ["--llama-server", os.environ["TRACEKIT_LLAMA_SERVER"], "--models", "qwen3-0.6b", "--dtypes", "f32"]
+    cmd += ["--slots", "4", "--out", str(tmp_path / "llo"), "--no-traces"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "errors: none" in out, out[-4000:]
+    report = (tmp_path / "llo" / "report.md").read_text()
+    assert re.search(r"\| qwen3-0\.6b\.f32\.np4 \| fp32 \(all F32\) \|", report), report[:3000]
