@@ -66,11 +66,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit.store import TraceReader
-from tracekit.variants import ALONE, BURST, COLD, Variant
+from tracekit.variants import BURST, Variant
 from tracekit.verdicts import BENIGN as _BENIGN
 
 from .explain_noise import numeric_bound, within_noise
-from .explain_runs import Scorer, VariantCount, read_reference_rows, read_teacher, read_variants
+from .explain_runs import (
+    Scorer,
+    VariantCount,
+    alone_at,
+    config_lines,
+    engine_history,
+    ran,
+    ran_at,
+    read_reference_rows,
+    read_teacher,
+    read_variants,
+    right_side,
+    side_variant,
+    where,
+)
 from .grid import pair_grids
 from .reference import FLOOR, RATIO_MIN
 
@@ -128,34 +142,6 @@ class PairExplanation:
         }
 
 
-def _where(b: int) -> str:
-    return "0 (cold)" if b == 0 else str(b)
-
-
-def ran_at(c: VariantCount | None, b: int) -> bool:
-    """No run of c reported reusing other than b tokens: the condition asked was achieved, or the
-    engine does not report it (-1: nothing refutes it)."""
-    return c is not None and set(c.boundaries) <= {b, -1}
-
-
-def _ran(c: VariantCount) -> str:
-    """The reused prefixes c's runs reported: "34 (3x), 123 (2x)"."""
-    return ", ".join(f"{k} ({v}x)" for k, v in sorted(c.boundaries.items()))
-
-
-def _alone_at(c: VariantCount, b: int) -> str:
-    """Where the alone runs ran: "at the same boundary 123", or what they reused instead."""
-    if ran_at(c, b):
-        return f"at the same boundary {_where(b)}"
-    return f"(asked at boundary {_where(b)}; the runs reused {_ran(c)})"
-
-
-def _side_variant(counts: dict, config: str, b: int) -> VariantCount | None:
-    """The alone run at boundary b: warm:b, or the cold run for b == 0."""
-    v = Variant.alone_at(b)
-    return None if v is None else counts.get((config, str(v)))
-
-
 def verdict(
     p: dict, counts: dict, teacher: dict[str, int], b_dtype: str, mates: int, healthy_err: float | None = None
 ) -> tuple[str, str]:
@@ -172,12 +158,12 @@ def verdict(
             return "nondeterminism", (
                 f"cause: run-to-run nondeterminism — alone ({at}), B's token in {c.b}/{c.n} runs, A's in {c.a}/{c.n}"
             )
-    vb, va = _side_variant(counts, "engine", bb), _side_variant(counts, "engine", ba)
+    vb, va = side_variant(counts, "engine", bb), side_variant(counts, "engine", ba)
     achieved = ran_at(vb, bb) and ran_at(va, ba)  # only runs that reused what was asked test prefix reuse
     if ba != bb and vb is not None and va is not None and vb.b_numeric and not va.b and achieved:
         return "prefix_reuse", (
-            f"cause: prefix reuse — B's token in {vb.b_numeric}/{vb.n} alone at B's boundary {_where(bb)}, "
-            f"0/{va.n} at A's boundary {_where(ba)}"
+            f"cause: prefix reuse — B's token in {vb.b_numeric}/{vb.n} alone at B's boundary {where(bb)}, "
+            f"0/{va.n} at A's boundary {where(ba)}"
         )
     burst = eng.get(str(BURST))
     if burst is not None and burst.b_numeric and vb is not None and not vb.b:
@@ -201,8 +187,8 @@ def verdict(
                 )
         return "batch_composition", (
             f"cause: batch composition — B's token in {burst.b_numeric}/{burst.n} bursts with its {mates} batch "
-            f"mates from B, 0/{vb.n} alone {_alone_at(vb, bb)}"
-            + ("" if ran_at(burst, bb) else f"; the bursts reused {_ran(burst)}")
+            f"mates from B, 0/{vb.n} alone {alone_at(vb, bb)}"
+            + ("" if ran_at(burst, bb) else f"; the bursts reused {ran(burst)}")
             + (
                 within
                 or (
@@ -213,11 +199,11 @@ def verdict(
             )
         )
     live = ", ".join(f"{c.b_numeric}/{c.n} {c.variant}" for c in eng.values())
-    at_b, at_a = teacher.get(_engine_history(bb, b_dtype)), teacher.get(_engine_history(ba, b_dtype))
+    at_b, at_a = teacher.get(engine_history(bb, b_dtype)), teacher.get(engine_history(ba, b_dtype))
     if ba != bb and at_b == p["token_b"] and at_a == p["token_a"]:
         return "cache_history", (
             f"cause: cache history — the engine's own teacher-forced replay gives B's token at B's boundary "
-            f"{_where(bb)} and A's at A's {_where(ba)} (each boundary proven by the engine's report); "
+            f"{where(bb)} and A's at A's {where(ba)} (each boundary proven by the engine's report); "
             f"no live variant reproduced it ({live or 'none ran'})"
         )
     full = teacher.get(f"full {b_dtype}")
@@ -258,47 +244,6 @@ def verdict(
         extra.append(f"alone, A's and B's tokens are {span} nats apart at t{near}")
     tail = f" ({'; '.join(([live] if live else []) + extra + early)})"
     return "bug", NOT_REPRODUCED + tail
-
-
-def _engine_history(boundary: int, dtype: str) -> str:
-    """The engine-side replay's row label at a side's boundary (0 or unknown: cold)."""
-    return f"engine:warm:{boundary} {dtype}" if boundary > 0 else f"engine:cold {dtype}"
-
-
-def right_side(p: dict, teacher: dict[str, int], counts: dict) -> tuple[str, str | None]:
-    """Which side agrees with the FP32 reference: the teacher-forced full fp32 argmax, else the
-    majority token of the FP32 configuration's cold runs."""
-    ref, what = teacher.get("full fp32"), "the FP32 full-history argmax (teacher-forced)"
-    if ref is None:
-        c = counts.get(("fp32", str(COLD))) or counts.get(("fp32", str(ALONE)))
-        if c is not None and max(c.a, c.b) > c.n / 2:
-            ref = p["token_a"] if c.a > c.b else p["token_b"]
-            what = f"the FP32 configuration's alone runs ({max(c.a, c.b)}/{c.n})"
-    if ref is None:
-        return "unknown: no FP32 reference (give --teacher-forced MODEL_DIR or --fp32-url)", None
-    if ref == p["token_a"]:
-        return f"A agrees with {what} (token {ref}); B rounded away from it", "A"
-    if ref == p["token_b"]:
-        return f"B agrees with {what} (token {ref}); A rounded away from it", "B"
-    return f"neither: {what} is token {ref}", "neither"
-
-
-def config_lines(counts: dict) -> list[str]:
-    """One line per other configuration (deterministic, fp32): the tokens its runs chose."""
-    out = []
-    for config, name in (("deterministic", "deterministic configuration"), ("fp32", "FP32 configuration")):
-        cs = [c for (cfg, _), c in sorted(counts.items()) if cfg == config]
-        if not cs:
-            continue
-        n, a, b = sum(c.n for c in cs), sum(c.a for c in cs), sum(c.b for c in cs)
-        per = ", ".join(
-            f"{c.variant} A {c.a}/{c.n} B {c.b}/{c.n}" + (f" early {c.early}" if c.early else "") for c in cs
-        )
-        line = f"{name}: A's token in {a}/{n} runs, B's in {b}/{n} ({per})"
-        if config == "deterministic":
-            line += " — STILL FLIPS: not batch-variant numerics" if a and b else " — one token whatever the batch"
-        out.append(line)
-    return out
 
 
 @dataclass(frozen=True)
@@ -458,11 +403,11 @@ def explain(
             if c.config == "engine" and want is not None and set(c.boundaries) - {want}:
                 ev.append(f"{c.variant} runs reported reused prefixes {dict(c.boundaries)}, not only {want}")
         ba, bb = int(p["boundary_a"]), int(p["boundary_b"])
-        va, vb = _side_variant(counts, "engine", ba), _side_variant(counts, "engine", bb)
+        va, vb = side_variant(counts, "engine", ba), side_variant(counts, "engine", bb)
         if ba != bb and va is not None and vb is not None and not (ran_at(va, ba) and ran_at(vb, bb)):
             ev.append(
-                f"prefix reuse not tested: the alone runs reused {_ran(va)} (A's boundary {_where(ba)} asked) and "
-                f"{_ran(vb)} (B's {_where(bb)} asked)"
+                f"prefix reuse not tested: the alone runs reused {ran(va)} (A's boundary {where(ba)} asked) and "
+                f"{ran(vb)} (B's {where(bb)} asked)"
             )
         if loud:
             cause = f"LOUD: classified {p['class']} (benign), but {cause}"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracekit.store import TraceReader
+from tracekit.variants import ALONE, COLD, Variant
 
 
 @dataclass
@@ -204,3 +205,72 @@ def read_teacher(path: str, pairs: dict[str, dict]) -> dict[str, dict[str, int]]
             best = np.max(score[ok])
             out.setdefault(t.key[i], {})[f"{t.history[i]} {t.dtype[i]}"] = int(np.min(ids[ok & (score == best)]))
     return out
+
+
+def right_side(p: dict, teacher: dict[str, int], counts: dict) -> tuple[str, str | None]:
+    """Which side agrees with the FP32 reference: the teacher-forced full fp32 argmax, else the
+    majority token of the FP32 configuration's cold runs."""
+    ref, what = teacher.get("full fp32"), "the FP32 full-history argmax (teacher-forced)"
+    if ref is None:
+        c = counts.get(("fp32", str(COLD))) or counts.get(("fp32", str(ALONE)))
+        if c is not None and max(c.a, c.b) > c.n / 2:
+            ref = p["token_a"] if c.a > c.b else p["token_b"]
+            what = f"the FP32 configuration's alone runs ({max(c.a, c.b)}/{c.n})"
+    if ref is None:
+        return "unknown: no FP32 reference (give --teacher-forced MODEL_DIR or --fp32-url)", None
+    if ref == p["token_a"]:
+        return f"A agrees with {what} (token {ref}); B rounded away from it", "A"
+    if ref == p["token_b"]:
+        return f"B agrees with {what} (token {ref}); A rounded away from it", "B"
+    return f"neither: {what} is token {ref}", "neither"
+
+
+def config_lines(counts: dict) -> list[str]:
+    """One line per other configuration (deterministic, fp32): the tokens its runs chose."""
+    out = []
+    for config, name in (("deterministic", "deterministic configuration"), ("fp32", "FP32 configuration")):
+        cs = [c for (cfg, _), c in sorted(counts.items()) if cfg == config]
+        if not cs:
+            continue
+        n, a, b = sum(c.n for c in cs), sum(c.a for c in cs), sum(c.b for c in cs)
+        per = ", ".join(
+            f"{c.variant} A {c.a}/{c.n} B {c.b}/{c.n}" + (f" early {c.early}" if c.early else "") for c in cs
+        )
+        line = f"{name}: A's token in {a}/{n} runs, B's in {b}/{n} ({per})"
+        if config == "deterministic":
+            line += " — STILL FLIPS: not batch-variant numerics" if a and b else " — one token whatever the batch"
+        out.append(line)
+    return out
+
+
+def where(b: int) -> str:
+    return "0 (cold)" if b == 0 else str(b)
+
+
+def ran_at(c: VariantCount | None, b: int) -> bool:
+    """No run of c reported reusing other than b tokens: the condition asked was achieved, or the
+    engine does not report it (-1: nothing refutes it)."""
+    return c is not None and set(c.boundaries) <= {b, -1}
+
+
+def ran(c: VariantCount) -> str:
+    """The reused prefixes c's runs reported: "34 (3x), 123 (2x)"."""
+    return ", ".join(f"{k} ({v}x)" for k, v in sorted(c.boundaries.items()))
+
+
+def alone_at(c: VariantCount, b: int) -> str:
+    """Where the alone runs ran: "at the same boundary 123", or what they reused instead."""
+    if ran_at(c, b):
+        return f"at the same boundary {where(b)}"
+    return f"(asked at boundary {where(b)}; the runs reused {ran(c)})"
+
+
+def side_variant(counts: dict, config: str, b: int) -> VariantCount | None:
+    """The alone run at boundary b: warm:b, or the cold run for b == 0."""
+    v = Variant.alone_at(b)
+    return None if v is None else counts.get((config, str(v)))
+
+
+def engine_history(boundary: int, dtype: str) -> str:
+    """The engine-side replay's row label at a side's boundary (0 or unknown: cold)."""
+    return f"engine:warm:{boundary} {dtype}" if boundary > 0 else f"engine:cold {dtype}"
