@@ -62,3 +62,53 @@ def run(target: str, variant: str, r: int, tokens, lps=None, near=None, cached=-
 
 def runs(target: str, variant: str, token_seqs, **kw):
     return [run(target, variant, r, toks, **kw) for r, toks in enumerate(token_seqs)]
+
+
+# The one pair most explain tests judge: A = [5, 6, 7, 8], B = [5, 6, 9, 8], a near-tie at t = 2.
+A_TOK, B_TOK = [5, 6, 7, 8], [5, 6, 9, 8]
+NEAR_A = {2: (7, 9, -0.70, -0.72)}  # at t = 2, A's token 0.02 nats above B's
+NEAR_B = {2: (9, 7, -0.70, -0.71)}
+PAIR = {
+    "key": "p",
+    "class": "bf16_tie_flip",
+    "position": 2,
+    "token_a": 7,
+    "token_b": 9,
+    "boundary_a": 0,
+    "boundary_b": 32,
+}
+
+
+def ab_traces(tmp_path):
+    """(A, B): the pair's two HTTP traces (A cold, B at a reused prefix of 32)."""
+    a = write(tmp_path / "a.h5", [(record("p", cached=0), columns(A_TOK, near=NEAR_A))])
+    b = write(tmp_path / "b.h5", [(record("p", cached=32), columns(B_TOK, near=NEAR_B))])
+    return a, b
+
+
+def as_a(n):
+    """Variant rows that give A's token at t."""
+    return dict(token_seqs=[[5, 6, 7]] * n, near=NEAR_A)
+
+
+def as_b(n):
+    """Variant rows that give B's token at t."""
+    return dict(token_seqs=[[5, 6, 9]] * n, near=NEAR_B)
+
+
+def fp32_full(tmp_path):
+    """The FP32 full-history replay of A's tokens up to t (the reference)."""
+    rows = [(record("p", history="full", dtype="fp32"), columns([5, 6, 7], near=NEAR_A, logits=True))]
+    return write(tmp_path / "teacher.h5", rows, source="teacher_forced", raw=True)
+
+
+def flip_calibration(max_gap_nats: float, flips: int = 3):
+    """A healthy engine's calibration whose flips (`flips` of them) sit in the bin of max_gap_nats."""
+    from tracekit.calibration import NATS_EDGES, Calibration, GapBins
+
+    n = len(NATS_EDGES) - 1
+    fl = tuple(flips if NATS_EDGES[i] <= max_gap_nats < NATS_EDGES[i + 1] else 0 for i in range(n))
+    return Calibration(
+        "healthy-repeats", "bf16", {}, 40, GapBins("nats", NATS_EDGES, (100,) * n, fl), None,
+        {"p100": 0.05}, {"p100": 0.01}, max_gap_nats, None,
+    )  # fmt: skip
