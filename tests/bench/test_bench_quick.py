@@ -30,6 +30,13 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     ],
     "shard_bench": [("shard_bench.py", [], [rf"projected wall gpu_s_per_cell gpus=64: {NUM} s"])],
     "diff_bench": [("diff_bench.py", ["--quick"], [rf"{NUM}x slower", rf"diff = {NUM}x floor"])],
+    "diff_bench_scaling": [
+        (
+            "diff_bench.py",
+            ["--scaling", "--sizes", "1e4", "--repeats", "1"],
+            [r"10,000 +\d", r"classes match at every size"],
+        )
+    ],
     "engine_bench": [
         ("engine_bench.py", ["--quick", "--repeats", "1"], [rf"speedup_c8 = {NUM}", rf"without HTTP: {NUM}"])
     ],
@@ -149,6 +156,7 @@ def test_every_bench_is_run_or_skipped_with_a_reason():
     run |= {"gpu_study/engine_checks.py", "gpu_study/lanes.py"}  # study.py's checks and lanes phases
     # sensitivity.py --family [--explain] (imported by it; its full run is bench/RESULTS.md's)
     run |= {"sensitivity_family.py", "sensitivity_explain.py"}
+    run |= {"diff_scaling.py"}  # diff_bench.py --scaling (the diff_bench_scaling case)
     # llama.cpp's CUDA job: its CPU dry run below (test_llamacpp_cuda_dry_run; llamacpp_report.py is its tables)
     run |= {"gpu_study/llamacpp_cuda.py", "gpu_study/llamacpp_report.py"}
     assert not run & set(SKIPPED)
