@@ -134,6 +134,13 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     "gpu_study_diag_chain": [
         ("gpu_study/diag_chain.py", ["--smoke", "--out", "{tmp}/dc"], [r'"mode": "inline", "step_ms_runs"'])
     ],
+    "gpu_study_decode_fused": [
+        (
+            "gpu_study/decode_fused.py",
+            ["--smoke", "--out", "{tmp}/df", "--engine-model-dir", "tiny"],
+            [r"\| 8 \| eager-static \| 60 \| .* \| 0.0 / 1.0 / True \|", r'"mode": "inline", "rows": 8'],
+        )
+    ],
     "gpu_study_pair_probe": [
         ("gpu_study/pair_probe.py", ["--smoke", "--out", "{tmp}/pp"], [r"b8-padded \{.*abs_dgap_nats", r"serial err"])
     ],
