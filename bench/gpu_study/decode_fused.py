@@ -202,6 +202,21 @@ def engine_host_split(model_dir: str, dev: str, rows: int, prompt_len: int, step
             walls.append(time.perf_counter() - t)
     finally:
         stepgraph.StepGraph._resolve_masks, stepgraph.StepGraph.run = real_resolve, real_run
+    # where the host's time goes, by function (cProfile over `steps` more steps)
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    n += steps + 3
+    prof.enable()
+    for k in range(steps):
+        ex.decode(slots, [n + k] * rows, [1] * rows)
+    _sync(dev)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    top = [ln for ln in buf.getvalue().splitlines() if ln.strip()][:45]
 
     def med(xs):
         return round(statistics.median(xs[-steps:]) * 1e3, 3) if xs else None
@@ -216,6 +231,8 @@ def engine_host_split(model_dir: str, dev: str, rows: int, prompt_len: int, step
         "host_ms_masks": masks,
         "host_ms_run_incl_masks": med(spans["loop"]),
         "note": "host_ms_* without a sync: where the host's time goes while the GPU runs queued work",
+        "profile_steps": steps,
+        "profile_top_tottime": top,
     }
 
 
@@ -240,7 +257,10 @@ def report(doc: dict) -> str:
             f"{c.get('bitwise', '-')} |"
         )
     if doc.get("engine_host"):
-        lines += ["", "## The engine's graphed step, host side", "", "```", json.dumps(doc["engine_host"]), "```"]
+        host = dict(doc["engine_host"])
+        top = host.pop("profile_top_tottime", [])
+        lines += ["", "## The engine's graphed step, host side", "", "```", json.dumps(host), "```"]
+        lines += ["", "cProfile of the host, by own time:", "", "```"] + top + ["```"]
     if doc.get("errors"):
         lines += ["", "## Errors", ""] + [f"- {e}" for e in doc["errors"]]
     return "\n".join(lines) + "\n"

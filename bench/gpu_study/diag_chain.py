@@ -58,6 +58,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models-dir", default="/tmp/tkm")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile one more graphed chain of the largest size")
+    ap.add_argument("--sizes", default=None, help="batch sizes, e.g. 8 (default 1,4,8; smoke 1,2)")
     a = ap.parse_args(argv)
     import torch
 
@@ -69,6 +71,8 @@ def main(argv=None) -> int:
         from bench.gpu_study.calibrated import model_dir
 
         model, prompt_len, steps, sizes = model_dir(Path(a.models_dir), "qwen3-4b", a.device), 2016, 32, (1, 4, 8)
+    if a.sizes:
+        sizes = tuple(int(x) for x in a.sizes.split(","))
     lm = load_model(str(model), "bf16", a.device, attn="sdpa")
     rows = [json.loads(x)["prompt"] for x in P2048.read_text().splitlines() if x.strip()]
     weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
@@ -99,6 +103,20 @@ def main(argv=None) -> int:
             print(json.dumps(res[-1]), flush=True)
     doc = {"model": "tiny fixture" if a.smoke else "qwen3-4b shape, RANDOM weights", "weights_bytes": weights}
     doc["chains"] = res
+    if a.profile:
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        one(lm, ids, prompt_len, mode)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        doc["profile_rows"] = b
+        doc["profile_top_tottime"] = [ln for ln in buf.getvalue().splitlines() if ln.strip()][:45]
+        print("\n".join(doc["profile_top_tottime"]), flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "diag_chain.json").write_text(json.dumps(doc, indent=1) + "\n")
