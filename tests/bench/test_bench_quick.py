@@ -141,6 +141,9 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
             [r"\| 8 \| eager-static \| 60 \| .* \| 0.0 / 1.0 / True \|", r'"mode": "inline", "rows": 8'],
         )
     ],
+    "gpu_study_gemm_floor": [
+        ("gpu_study/gemm_floor.py", ["--smoke", "--out", "{tmp}/gf", "--rows", "1,8"], [r'"rows": 8, "separate_ms"'])
+    ],
     "gpu_study_pair_probe": [
         ("gpu_study/pair_probe.py", ["--smoke", "--out", "{tmp}/pp"], [r"b8-padded \{.*abs_dgap_nats", r"serial err"])
     ],
