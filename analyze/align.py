@@ -9,7 +9,7 @@ does not classify (classify.py) or print (diff_report.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -57,6 +57,43 @@ class Alignment:
     idx_b: np.ndarray
     asked_a: tuple[Asked, ...] = ()  # [P] what each request asked (streams.py)
     asked_b: tuple[Asked, ...] = ()
+    # positions.first_divergence's (t, ta, tb), kept by positions.with_scans (the sides' token ids
+    # do not change there): classify reads it again instead of taking [T] ids twice
+    first: tuple | None = field(default=None, compare=False, repr=False)
+
+    def take_a(self, x: np.ndarray) -> np.ndarray:
+        """x[idx_a] (a fresh array) for a [N] column of A's token rows (take)."""
+        return take(x, self.idx_a, self.off_a, self.length)
+
+    def take_b(self, x: np.ndarray) -> np.ndarray:
+        """x[idx_b] (a fresh array) for a [N] column of B's token rows (take)."""
+        return take(x, self.idx_b, self.off_b, self.length)
+
+
+RUN_ROWS = 256  # the least mean run length that copies by slices (a fancy take is ~10x a memcpy)
+
+
+def take(x: np.ndarray, idx: np.ndarray, off: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """x[idx] for idx = off[seg] + pos (Alignment.idx_a / idx_b), the same array: copied run by
+    run where consecutive pairs' token rows follow each other in the trace (two runs of one
+    prompt set in the same order: a few long runs), a fancy take otherwise."""
+    nz = np.flatnonzero(length > 0)
+    if not len(nz) or len(idx) != int(length.sum()):
+        return x[idx]
+    o, n = off[nz], length[nz]
+    new = np.empty(len(nz), bool)
+    new[0] = True
+    np.not_equal(o[1:], o[:-1] + n[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    if len(first) * RUN_ROWS > len(idx) or (o + n).max() > len(x) or o.min() < 0:
+        return x[idx]  # short runs; or rows outside x: the take raises as it would
+    src, size = o[first], np.add.reduceat(n, first)
+    out = np.empty((len(idx),) + x.shape[1:], x.dtype)
+    d = 0
+    for s, m in zip(src.tolist(), size.tolist()):
+        out[d : d + m] = x[s : s + m]
+        d += m
+    return out
 
 
 def _pair_keys(a: Side, b: Side) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

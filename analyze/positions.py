@@ -28,7 +28,9 @@ COLUMN_VS_TOPK_NATS = 1e-4  # the column and the top-k row come from one respons
 
 def first_divergence(al: Alignment) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(t [P] first differing position (= L when none), ta [T], tb [T] aligned ids)."""
-    ta, tb = al.a.token_id[al.idx_a], al.b.token_id[al.idx_b]
+    if al.first is not None:
+        return al.first
+    ta, tb = al.take_a(al.a.token_id), al.take_b(al.b.token_id)
     t = al.length.copy()
     mism = np.flatnonzero(ta != tb)
     segs, first = np.unique(al.seg[mism], return_index=True)
@@ -40,9 +42,11 @@ def with_scans(al: Alignment) -> Alignment:
     """The alignment over both sides after their top-k pass (sides.scanned), each keeping its
     top-k rows at the pairs' first differences: the only rows classify reads (evidence.py),
     taken from the pass instead of reading (and checksumming) their chunks again."""
-    t, _, _ = first_divergence(al)
+    first = first_divergence(al)
+    t = first[0]
     d = np.flatnonzero(t < al.length)
-    return dataclasses.replace(al, a=scanned(al.a, al.off_a[d] + t[d]), b=scanned(al.b, al.off_b[d] + t[d]))
+    a, b = scanned(al.a, al.off_a[d] + t[d]), scanned(al.b, al.off_b[d] + t[d])
+    return dataclasses.replace(al, a=a, b=b, first=first)
 
 
 def eos_before(al: Alignment, ta: np.ndarray, t: np.ndarray, eos_ids: np.ndarray) -> np.ndarray:
@@ -88,8 +92,8 @@ class Values:
 def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
     """bits: [P] significand bits of each pair's grid (for pairs measured on logits)."""
     P = len(al.keys)
-    col_a, col_b = al.a.logprob[al.idx_a], al.b.logprob[al.idx_b]
-    top_a, top_b = al.a.topk_lp[al.idx_a], al.b.topk_lp[al.idx_b]
+    col_a, col_b = al.take_a(al.a.logprob), al.take_b(al.b.logprob)
+    top_a, top_b = al.take_a(al.a.topk_lp), al.take_b(al.b.topk_lp)
     bad = np.zeros(len(col_a), bool)
     found = []
     for side, (col, top) in enumerate(((col_a, top_a), (col_b, top_b))):
@@ -121,8 +125,8 @@ def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
         if on_logits.any():
             rows = on_logits[al.seg]
             la, lb = al.a.chosen_logits(), al.b.chosen_logits()
-            va = np.where(rows, la[al.idx_a], va)
-            vb = np.where(rows, lb[al.idx_b], vb)
+            va = np.where(rows, al.take_a(la), va)
+            vb = np.where(rows, al.take_b(lb), vb)
     return _per_position(al, Values(va, vb, lp_a, lp_b, on_logits, bad, said, said_at, bits=bits))
 
 

@@ -37,7 +37,7 @@ def _first(mask: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int) -> tuple[
     return first_pos, first_idx
 
 
-def _rows_checks(side, idx: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int, label: str) -> np.ndarray:
+def _rows_checks(side, idx: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int, label: str, take) -> np.ndarray:
     """Per pair the reason of the first failed row check of one side ('' when none). The
     checks were made on every row as the side was read (rowscan.py); only the rows a
     reason quotes are read again here."""
@@ -45,7 +45,9 @@ def _rows_checks(side, idx: np.ndarray, seg: np.ndarray, pos: np.ndarray, P: int
     rs = side.scan
     if not len(idx) or side.meta.source == "teacher_forced" or rs is None:
         return out  # no top-k stored: nothing reported to check (the classifier says what it cannot prove)
-    disorder, positive, heavy = rs.disorder[idx], rs.positive[idx], rs.heavy[idx]
+    if not (rs.disorder.any() or rs.positive.any() or rs.heavy.any()):
+        return out  # no row of the side fails: none of the compared ones (no [T] take)
+    disorder, positive, heavy = take(rs.disorder), take(rs.positive), take(rs.heavy)
     if not (disorder.any() or positive.any() or heavy.any()):
         return out
 
@@ -98,8 +100,8 @@ def _cached(side, rows: np.ndarray, label: str) -> np.ndarray:
 def reported_checks(al: Alignment) -> np.ndarray:
     """Per pair [P] the reasons ('; '-joined) its sides' reported numbers fail; '' when sound."""
     P = len(al.keys)
-    ra = _rows_checks(al.a, al.idx_a, al.seg, al.pos, P, "A")
-    rb = _rows_checks(al.b, al.idx_b, al.seg, al.pos, P, "B")
+    ra = _rows_checks(al.a, al.idx_a, al.seg, al.pos, P, "A", al.take_a)
+    rb = _rows_checks(al.b, al.idx_b, al.seg, al.pos, P, "B", al.take_b)
     ca, cb = _cached(al.a, al.row_a, "A"), _cached(al.b, al.row_b, "B")
     out = np.full(P, "", dtype=object)
     for i in np.flatnonzero((ra != "") | (rb != "") | (ca != "") | (cb != "")).tolist():
