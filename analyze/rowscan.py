@@ -53,14 +53,15 @@ class RowScan:
         return self.kept_ids[j], self.kept_lps[j]
 
 
-def pick(ids: np.ndarray, vals: np.ndarray, tok: np.ndarray) -> np.ndarray:
+def pick(ids: np.ndarray, vals: np.ndarray, tok: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """[n] vals at the first entry of each row whose id is tok (NaN when none).
     Engines list the chosen token first almost always: rank 0 is checked for every
-    row, the whole row only for the rest."""
-    out = np.full(len(tok), np.nan, np.float32)
+    row, the whole row only for the rest. out: an [n] float32 array of NaN to write into."""
+    out = np.full(len(tok), np.nan, np.float32) if out is None else out
     if not ids.shape[1] or not len(ids):
         return out
-    first = (ids[:, 0] == tok) & (tok >= 0)
+    first = np.equal(ids[:, 0], tok)
+    first &= tok >= 0
     np.copyto(out, vals[:, 0], where=first)
     rest = np.flatnonzero(~first)
     if len(rest):
@@ -165,7 +166,7 @@ def scan(reader, token_id: np.ndarray, logprob: np.ndarray, keep: np.ndarray | N
         else:
             ids = reader.column("topk_id", slice(s, e), out=bufs[0])
             lps = reader.column("topk_logprob", slice(s, e), out=bufs[1])
-        out.topk_lp[s:e] = pick(ids, lps, token_id[s:e])
+        pick(ids, lps, token_id[s:e], out.topk_lp[s:e])  # topk_lp starts NaN
         out.disorder[s:e], out.positive[s:e], out.heavy[s:e] = _flags(lps, logprob[s:e])
         lo, hi = np.searchsorted(keep, (s, e))
         if hi > lo:
