@@ -61,6 +61,11 @@ class Alignment:
     # do not change there): classify reads it again instead of taking [T] ids twice
     first: tuple | None = field(default=None, compare=False, repr=False)
 
+    def per_row(self, x: np.ndarray) -> np.ndarray:
+        """x[seg] for a [P] array: each pair's value at each of its compared rows (a repeat, a
+        fifth of a take's cost)."""
+        return np.repeat(x, self.length) if len(self.seg) == int(self.length.sum()) else x[self.seg]
+
     def take_a(self, x: np.ndarray) -> np.ndarray:
         """x[idx_a] (a fresh array) for a [N] column of A's token rows (take)."""
         return take(x, self.idx_a, self.off_a, self.length)

@@ -51,7 +51,7 @@ def with_scans(al: Alignment) -> Alignment:
 
 def eos_before(al: Alignment, ta: np.ndarray, t: np.ndarray, eos_ids: np.ndarray) -> np.ndarray:
     """[P] first position < t where A emitted an EOS id, -1 when none."""
-    hit = np.flatnonzero(np.isin(ta, eos_ids) & (al.pos < t[al.seg]))
+    hit = np.flatnonzero(np.isin(ta, eos_ids) & (al.pos < al.per_row(t)))
     out = np.full(len(t), -1, dtype=np.int64)
     segs, first = np.unique(al.seg[hit], return_index=True)
     out[segs] = al.pos[hit[first]]
@@ -123,7 +123,7 @@ def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
         missing = np.add.reduceat(np.isnan(va) & np.isnan(vb), al.start[nz]) > 0
         on_logits[nz] = missing
         if on_logits.any():
-            rows = on_logits[al.seg]
+            rows = al.per_row(on_logits)
             la, lb = al.a.chosen_logits(), al.b.chosen_logits()
             va = np.where(rows, al.take_a(la), va)
             vb = np.where(rows, al.take_b(lb), vb)
@@ -161,9 +161,9 @@ def _per_position(al: Alignment, v: Values) -> Values:
         odd[cand[o]] = True
     raw = np.abs(la.astype(np.float64) - lb)
     delta = raw
-    logit_rows = v.on_logits[al.seg]
+    logit_rows = al.per_row(v.on_logits)
     if logit_rows.any():  # raw logits: steps of the pair's grid at each value's own scale
-        s = np.abs(steps(la, lb, v.bits[al.seg], np.fmax(np.abs(la), np.abs(lb))))
+        s = np.abs(steps(la, lb, al.per_row(v.bits), np.fmax(np.abs(la), np.abs(lb))))
         delta = np.where(logit_rows, s, raw)
     return dataclasses.replace(
         v,
@@ -211,7 +211,7 @@ def drift(al: Alignment, end: np.ndarray, v: Values, skip: bool = False) -> Drif
         none = np.full(P, -1)
         return Drift(dmax, mean, n, nf, none, nfa, nfb, inc, none, np.full((P, 3), np.nan), bitwise, raw_max)
     starts = al.start[nz]
-    pre = al.pos < end[al.seg]
+    pre = al.pos < al.per_row(end)
     both = v.finite & pre
     n[nz] = np.add.reduceat(both, starts, dtype=np.int64)
     dmax[nz] = np.maximum.reduceat(np.where(both, v.delta, -1.0), starts)
