@@ -181,8 +181,12 @@ def align(a: Side, b: Side, whole: bool = True) -> Alignment:
     n_a, n_b = get(a, row_a, "n_tokens"), get(b, row_b, "n_tokens")
     off_a, off_b = get(a, row_a, "token_offset"), get(b, row_b, "token_offset")
     asked_a, asked_b = asked(a, row_a), asked(b, row_b)
+    said: dict[tuple[int, int], str] = {}  # asked() shares one Asked per params text: once per combination
     for i in np.flatnonzero(reason == "").tolist():
-        reason[i] = sampled_reason(asked_a[i], asked_b[i]) or requests_differ(asked_a[i], asked_b[i])
+        x, y = asked_a[i], asked_b[i]
+        if (id(x), id(y)) not in said:
+            said[id(x), id(y)] = sampled_reason(x, y) or requests_differ(x, y)
+        reason[i] = said[id(x), id(y)]
     length = np.where(reason == "", np.minimum(n_a, n_b), 0)
     for rsn in (_unknown_ids_reason(a, b, length, off_a, off_b), _replay_reason(a, b, length, off_a, off_b)):
         fill = (reason == "") & (rsn != "")
