@@ -96,6 +96,11 @@ def _fault(ctx, param, value):
     is_flag=True,
     help="Decode steps eagerly, not as CUDA graphs (the graphs are bitwise the eager step; CUDA only).",
 )
+@click.option(
+    "--unfused",
+    is_flag=True,
+    help="Separate q/k/v and gate/up GEMMs (CUDA fuses them only where a load-time check finds it bitwise).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log engine internals to stderr.")
 def cmd(
     model_dir,
@@ -117,6 +122,7 @@ def cmd(
     inject_fault,
     batch_invariant,
     eager_decode,
+    unfused,
     verbose,
 ) -> None:
     """Serve a causal LM over an OpenAI-compatible /v1/completions API.
@@ -164,6 +170,7 @@ def cmd(
         prefill_chunk=prefill_chunk,
         batch_invariant=batch_invariant,
         eager_decode=eager_decode,
+        unfused=unfused,
         read_timeout_s=read_timeout_s,
     )
     asyncio.run(serve(cfg))

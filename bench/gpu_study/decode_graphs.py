@@ -95,6 +95,35 @@ def bitwise(ex, graph_mode: str, rows: list[list[int]], steps: int) -> list[dict
     return out
 
 
+def fusion_check(ex, ex0, graph_mode: str, rows: list[list[int]], rows2048, steps: int) -> dict:
+    """The fused executor (fuse.py: QKV and gate/up as one GEMM each where bitwise) against an
+    unfused one: the same chains through the graphs, bitwise? and the graphed step of each."""
+    cases = {
+        "B8 padded": [r[: 100 + 4 * i] for i, r in enumerate(rows[:8])],
+        "B3 padded": [r[: 90 + 7 * i] for i, r in enumerate(rows[8:11])],
+        "B1": [rows[11][:120]],
+    }
+    out = {"report": ex.graph_report()["fused_projections"], "chains": [], "step": []}
+    for name, prompts in cases.items():
+        for e in (ex, ex0):
+            e.decode_graphs = graph_mode
+            e.drop_batch()
+        a, b = chain(ex, prompts, steps), chain(ex0, prompts, steps)
+        d = (a - b).abs()
+        out["chains"].append(
+            {"case": name, "steps": steps, "bitwise_equal": bool(d.max() == 0), "max_abs_diff": float(d.max())}
+        )
+        log(f"fused vs unfused {name}: {out['chains'][-1]}")
+    for rows_n in (1, 8, 16):
+        src = rows2048[:rows_n] if rows_n <= len(rows2048) else (rows2048 * 2)[:rows_n]
+        for label, e in (("fused", ex), ("unfused", ex0)):
+            r = step_speed(e, graph_mode, src, steps)
+            r["fusion"] = label
+            out["step"].append(r)
+            log(f"step B{rows_n} {label}: {r['step_wall_ms_median']} ms wall, {r['step_device_ms']} ms kernels")
+    return out
+
+
 def step_speed(ex, mode: str, prompts: list[list[int]], steps: int) -> dict:
     from bench.gpu_study.engine_checks import decode_speed
 
@@ -229,6 +258,26 @@ def report(doc: dict) -> str:
         L += [f"{p['kernels_per_step']} kernels, {p['kernel_ms_total']} ms: {json.dumps(p['kernel_ms_by_kind'])}", ""]
         L += ["| ms/step | launches/step | kernel |", "|---|---|---|"]
         L += [f"| {t[0]} | {t[1]} | `{t[2]}` |" for t in p["top"]]
+    if doc.get("fusion"):
+        f = doc["fusion"]
+        rep = f["report"]
+        L += ["", "## Fused projections (fuse.py) vs unfused", ""]
+        L += [
+            f"groups fused {rep.get('groups_fused')}, left {rep.get('groups_left')}, max rows {rep.get('max_rows')}",
+            "",
+        ]
+        L += ["| case | steps | bitwise | max abs diff |", "|---|---|---|---|"]
+        L += [f"| {c['case']} | {c['steps']} | {c['bitwise_equal']} | {c['max_abs_diff']} |" for c in f["chains"]]
+        L += [
+            "",
+            "| rows | context | projections | wall ms | kernels ms | floor ms | wall / floor |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        L += [
+            f"| {r['rows']} | {r['context_tokens_per_row'][0]} | {r['fusion']} | {r['step_wall_ms_median']} "
+            f"| {r['step_device_ms']} | {r['floor_ms_4p8tbs']} | {r['wall_over_floor']} |"
+            for r in f["step"]
+        ]
     L += ["", f"Phase times (s): {json.dumps(doc['seconds'])}", ""]
     return "\n".join(L)
 
@@ -240,6 +289,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="qwen3-4b")
     ap.add_argument("--smoke", action="store_true", help="CPU, the tiny fixture model, mode inline, small sizes")
+    ap.add_argument(
+        "--fusion", action="store_true", help="also: fused vs unfused projections (fuse.py), bitwise and speed"
+    )
     a = ap.parse_args(argv)
     import torch
     import transformers
@@ -261,7 +313,10 @@ def main(argv=None) -> int:
         model = model_dir(Path(a.models_dir), a.model, a.device)
         rows128, rows2048 = _rows(P128), _rows(P2048)
     ctx = 256 if a.smoke else 2048 + 80
-    ex = ModelExecutor(model, "bf16", "sdpa", a.device, slots=16, max_context=ctx, decode_graphs=mode)
+    fuse = True if a.fusion else None  # None: the default (on CUDA, off on CPU)
+    ex = ModelExecutor(
+        model, "bf16", "sdpa", a.device, slots=16, max_context=ctx, decode_graphs=mode, fuse_projections=fuse
+    )
     times["load"] = round(time.perf_counter() - t, 1)
     doc = {
         "model": "tiny fixture model" if a.smoke else f"{a.model} shape",
@@ -294,6 +349,14 @@ def main(argv=None) -> int:
             doc["throughput"].append(throughput(ex, m, rows128, c, doc["max_tokens"]))
             log(f"throughput {doc['throughput'][-1]}")
     times["throughput"] = round(time.perf_counter() - t, 1)
+    if a.fusion:
+        t = time.perf_counter()
+        ex0 = ModelExecutor(
+            model, "bf16", "sdpa", a.device, slots=16, max_context=ctx, decode_graphs=mode, fuse_projections=False
+        )
+        doc["fusion"] = fusion_check(ex, ex0, mode, rows128, rows2048, 4 if a.smoke else 16)
+        del ex0
+        times["fusion"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
     doc["profile"] = profile_step(ex, rows2048[:8])
     times["profile"] = round(time.perf_counter() - t, 1)
@@ -303,7 +366,9 @@ def main(argv=None) -> int:
     md = report(doc)
     (out / "report.md").write_text(md)
     print(md)
-    return 0 if all(b["bitwise_equal"] for b in doc["bitwise"]) else 1
+    ok = all(b["bitwise_equal"] for b in doc["bitwise"])
+    ok = ok and all(c["bitwise_equal"] for c in doc.get("fusion", {}).get("chains", []))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

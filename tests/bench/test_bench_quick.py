@@ -119,9 +119,9 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     "gpu_study_decode_graphs": [
         (
             "gpu_study/decode_graphs.py",
-            ["--smoke", "--out", "{tmp}/dg"],
+            ["--smoke", "--out", "{tmp}/dg", "--fusion"],
             [r"\| B8 padded \| 8 \| 100-128 \| 4 \| True \| 0 \|", r"\| B1 \| 1 \| 120-120 \| 4 \| True \| 0 \|"]
-            + [rf"\| 4 \| inline \| {NUM} \|"],
+            + [rf"\| 4 \| inline \| {NUM} \|", r"groups fused 8, left 0", r"\| B8 padded \| 4 \| True \| 0.0 \|"],
         )
     ],
     "gpu_study_long_cells": [

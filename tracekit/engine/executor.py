@@ -79,6 +79,7 @@ class ModelExecutor:
         max_context: int | None = None,
         batch_invariant: bool = False,
         decode_graphs: str | None = None,
+        fuse_projections: bool | None = None,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -135,6 +136,16 @@ class ModelExecutor:
         if decode_graphs == "graphs" and self.device.type != "cuda":
             raise EngineError("decode_graphs 'graphs' needs a CUDA device (use 'inline' to test the path on CPU)")
         self.decode_graphs = decode_graphs
+        # QKV and gate/up as one GEMM each at M <= slots, where that is bitwise the separate GEMMs
+        # (fuse.py checks every shape and M at load): default on CUDA, off on CPU.
+        if fuse_projections is None:
+            fuse_projections = self.device.type == "cuda"
+        self.fusion = {"groups_fused": 0, "enabled": False}
+        if fuse_projections:
+            from .fuse import fuse
+
+            self.fusion = fuse(self.model, max_rows=slots)
+            self.fusion["enabled"] = self.fusion["groups_fused"] > 0
         self._graphs: dict[int, StepGraph | None] = {}
         self.graph_log: list[str] = []  # batch sizes captured, and why any stayed eager
         self._capture_stream = None
@@ -260,6 +271,7 @@ class ModelExecutor:
             "batch_sizes": sorted(k for k, v in items if v is not None),
             "eager_batch_sizes": sorted(k for k, v in items if v is None),
             "log": self.graph_log[-16:],
+            "fused_projections": {k: v for k, v in self.fusion.items() if not k.startswith("_")},
         }
 
     def _build_batch(self, slots: list[int], lengths: list[int]) -> "_Batch":

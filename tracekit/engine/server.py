@@ -67,6 +67,7 @@ class ServeConfig:
     prefill_chunk: int = 0
     batch_invariant: bool = False  # decode rows one by one, one prefill forward per block
     eager_decode: bool = False  # no CUDA graphs for decode steps (stepgraph.py; bitwise either way)
+    unfused: bool = False  # no fused QKV / gate-up GEMMs (fuse.py; used only where bitwise anyway)
     read_timeout_s: float = 30.0  # first request's headers, and each request body, must arrive within this
 
 
@@ -107,6 +108,7 @@ class App:
             c.max_context,
             batch_invariant=c.batch_invariant,
             decode_graphs="eager" if c.eager_decode else None,
+            fuse_projections=False if c.unfused else None,
         )
         fault = parse_fault(c.fault)
         cache = PrefixCache(c.block_size, c.cache_blocks, fault) if c.prefix_cache else None
