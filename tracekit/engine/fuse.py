@@ -16,8 +16,15 @@ How: the fused weight owns the memory and each projection's weight becomes a
 view of its rows (no extra memory). Each projection's forward is replaced (an
 instance attribute: the module stays what it is): the first projection of a
 group called with a new input of at most `max_rows` rows runs the fused GEMM,
-and each projection returns its columns as a contiguous tensor (what its own
-GEMM returns: the same values, the same layout); the others reuse the result
+and each projection returns its columns as a view (the values its own GEMM
+returns; a contiguous copy of each would cost a kernel a projection, as much
+as the fusion saves at 8 rows). What consumes them is elementwise (SiLU-mul,
+the casts before RMSNorm, the K/V copy into the cache; in FP32, where the
+cast is a no-op and RMSNorm's mean would read the view, they are contiguous
+copies) or reshapes the
+contiguous last dimension, so the step's logits stay bitwise the unfused
+step's: tests on CPU, and on CUDA `bench/gpu_study/decode_graphs.py --fusion`
+over padded batches at the Qwen3-4B shape. The others reuse the result
 when called with the same input tensor (transformers' Llama, Qwen3 and Gemma3
 call q/k/v, and gate/up, on one tensor each), and fall back to their own GEMM
 otherwise. CUDA graphs capture the fused kernels like any other.
@@ -40,6 +47,8 @@ class _Group:
     def __init__(self, weight, bounds: list[tuple[int, int]], max_rows: int):
         self.weight, self.bounds, self.max_rows = weight, bounds, max_rows
         self.last = None  # (input, fused output, parts served) of the current call
+        # FP32: RMSNorm's cast to float32 is a no-op and its mean would reduce over the view itself
+        self.contiguous = str(weight.dtype) == "torch.float32"
         self.fused_calls = 0
 
 
@@ -91,7 +100,9 @@ def _forward(group: _Group, index: int, lin):
             group.fused_calls += 1
         a, b = group.bounds[index]
         last[2].add(index)
-        out = last[1][..., a:b].contiguous()
+        out = last[1][..., a:b]  # a view: the same values as the part's own GEMM (see the docstring)
+        if group.contiguous:
+            out = out.contiguous()
         if len(last[2]) == len(group.bounds):
             group.last = None  # every part served: drop the references
         return out
