@@ -65,6 +65,32 @@ def _ident(e: dict):
     return tok
 
 
+def _one_token(lp: dict, tokens: Any, token_ids: Any, acc: Acc, t: float) -> bool:
+    """The hot path of `_legacy`: a stream event of exactly one token whose top_logprobs row is
+    an object (vLLM's shape), without raw logits. Appends what `_legacy` would and returns True;
+    anything else returns False having touched nothing (the general path then checks it)."""
+    if type(tokens) is not list or len(tokens) != 1 or "top_logits" in lp:
+        return False
+    lps, tops = lp.get("token_logprobs"), lp.get("top_logprobs")
+    if type(lps) is not list or len(lps) != 1 or type(tops) is not list or len(tops) != 1:
+        return False
+    d = tops[0]
+    if type(d) is not dict:
+        return False
+    if type(token_ids) is list and len(token_ids) == 1:
+        acc.ids.append(token_ids[0])
+    else:
+        acc.ids.append(tokens[0])
+        acc.str_ids = True
+    acc.lps.append(lps[0])
+    acc.t.append(t)
+    acc.widths.append(len(d))
+    acc.top_ids += d  # the keys
+    acc.top_vals += d.values()
+    acc.str_tops = True
+    return True
+
+
 def _legacy(lp: dict, tokens: Any, token_ids: Any, acc: Acc, t: float) -> None:
     """Legacy arrays `tokens[]`, `token_logprobs[]`, `top_logprobs[{str: lp}]`: the candidate
     strings (vLLM: "token_id:N") go into the flat lists as they come, resolved per request.
@@ -114,6 +140,20 @@ def _raw_logits(lp: dict, acc: Acc, start: int, first: int) -> None:
         acc.top_logits += row if len(row) == w == len(ids) else [None] * w
 
 
+def _logprobs(lp: dict, tokens: Any, token_ids: Any, acc: Acc, t: float) -> None:
+    """A choice's logprobs object in any layout, raw logits included (the general path)."""
+    start, first = len(acc.top_vals), len(acc.widths)
+    if tokens is not None:
+        _legacy(lp, tokens, token_ids, acc, t)
+    elif lp.get("content") is not None:
+        _entries(lp["content"], acc, t)
+    if acc.top_logits is not None or "top_logits" in lp:
+        if lp.get("top_logits") is not None:
+            _raw_logits(lp, acc, start, first)
+        elif acc.top_logits is not None:
+            acc.pad_logits(start)
+
+
 def _choice(ch: Any, acc: Acc, t: float) -> None:
     if type(ch) is not dict:
         raise ResponseShapeError(f"a choice is a {type(ch).__name__}, not an object")
@@ -123,17 +163,9 @@ def _choice(ch: Any, acc: Acc, t: float) -> None:
     if lp:
         if type(lp) is not dict:
             raise ResponseShapeError("choices[].logprobs is not an object")
-        start, first = len(acc.top_vals), len(acc.widths)
         tokens = lp.get("tokens")
-        if tokens is not None:
-            _legacy(lp, tokens, ch.get("token_ids"), acc, t)
-        elif lp.get("content") is not None:
-            _entries(lp["content"], acc, t)
-        if acc.top_logits is not None or "top_logits" in lp:
-            if lp.get("top_logits") is not None:
-                _raw_logits(lp, acc, start, first)
-            elif acc.top_logits is not None:
-                acc.pad_logits(start)
+        if acc.top_logits is not None or not _one_token(lp, tokens, ch.get("token_ids"), acc, t):
+            _logprobs(lp, tokens, ch.get("token_ids"), acc, t)
     elif ch.get("token_ids"):
         # vLLM with return_token_ids but no logprobs asked: ids without logprobs.
         acc.add_bare_ids(ch["token_ids"], t)

@@ -1,4 +1,4 @@
-"""The OpenAI/vLLM dialect's one parse path and Acc's compact form give exactly the columns a
+"""The OpenAI/vLLM dialect's parse paths and Acc's compact form give exactly the columns a
 plain per-token reference computes, for every event shape: vLLM's "token_id:N" keys with and
 without `token_ids`, vLLM 0.33's explicit nulls, ragged top-k, the sampled token listed first,
 token strings for the tokenizer, keys with spaces, streamed or as one body."""
@@ -223,3 +223,80 @@ def test_full_width_rows_take_the_fast_path_with_the_general_paths_result():
     ok = vals.copy()
     ok[3] = -np.sort(-ok[3])
     assert A._rank_full(flat[0], ok.ravel(), None, n, k, chosen) is not None
+
+
+def _acc_state(acc: Acc) -> tuple:
+    return tuple(getattr(acc, s) for s in Acc.__slots__)
+
+
+def _edge_events() -> list[dict]:
+    """Shapes the one-token hot path must hand to the general path untouched: a null top-k row,
+    two tokens in one event, raw logits, a non-list token_ids, bad types (those must raise)."""
+    base = _event(0, ["token_id:5", "token_id:6"], [-0.1, -2.0])
+    lp = base["choices"][0]["logprobs"]
+    null_row = {**base, "choices": [{**base["choices"][0], "logprobs": {**lp, "top_logprobs": [None]}}]}
+    two = {
+        **base,
+        "choices": [
+            {
+                **base["choices"][0],
+                "token_ids": [5, 7],
+                "logprobs": {
+                    **lp,
+                    "tokens": ["token_id:5", "token_id:7"],
+                    "token_logprobs": [-0.1, -0.3],
+                    "top_logprobs": [{"token_id:5": -0.1}, {"token_id:7": -0.3}],
+                },
+            }
+        ],
+    }
+    raw = {
+        **base,
+        "choices": [
+            {
+                **base["choices"][0],
+                "logprobs": {**lp, "top_logits": [[3.0, 1.0]], "top_token_ids": [[5, 6]]},
+            }
+        ],
+    }
+    str_ids = {**base, "choices": [{**base["choices"][0], "token_ids": "5"}]}
+    return [null_row, two, raw, str_ids, base]
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "edges"])
+def test_the_one_token_path_appends_what_the_general_path_appends(kind):
+    """capture/dialects/openai.py `_one_token` (the streaming hot path) against `_logprobs` (the
+    general path) on each event: the same accumulator after every event, every field compared."""
+    from tracekit.capture.dialects import openai as O
+
+    d = get("vllm")
+    evs = _edge_events() if kind == "edges" else _stream(kind)
+    fast, general = Acc(), Acc()
+    orig = O._one_token
+    for j, ev in enumerate(evs):
+        d.parse_event(ev, fast, 0.25 * j)
+        try:
+            O._one_token = lambda *a: False  # every event through the general path
+            d.parse_event(ev, general, 0.25 * j)
+        finally:
+            O._one_token = orig
+        assert _acc_state(fast) == _acc_state(general), (kind, j)
+    a, b = fast.columns(4, True, None), general.columns(4, True, None)
+    for name in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob", "topk_logit"):
+        assert getattr(a, name).tobytes() == getattr(b, name).tobytes(), name
+
+
+@pytest.mark.parametrize(
+    "logprobs",
+    [
+        {"tokens": ["token_id:5"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{"token_id:5": -0.1}]},
+        {"tokens": ["token_id:5"], "token_logprobs": [-0.1], "top_logprobs": [["token_id:5", -0.1]]},
+        {"tokens": ["token_id:5"], "token_logprobs": [-0.1], "top_logprobs": [{}, {}]},
+    ],
+)
+def test_malformed_one_token_events_still_fail_as_shape_errors(logprobs):
+    from tracekit.errors import ResponseShapeError
+
+    ev = {"choices": [{"index": 0, "logprobs": logprobs, "token_ids": [5]}]}
+    with pytest.raises(ResponseShapeError):
+        get("vllm").parse_event(ev, Acc(), 0.0)
