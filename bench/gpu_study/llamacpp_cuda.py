@@ -255,6 +255,12 @@ def main(argv=None) -> int:
     ap.add_argument("--hard-stop-s", type=float, default=575, help="references not done by then: verdicts without them")
     ap.add_argument("--no-traces", action="store_true", help="do not copy serial1/burst1/ref traces to --out")
     ap.add_argument("--keep-gguf", action="store_true", help="keep each model's GGUFs after its cells")
+    ap.add_argument(
+        "--one-gguf-at-a-time",
+        action="store_true",
+        help="convert each dtype just before its cells and delete it after (an 8B model's F32 and BF16 GGUFs "
+        "beside its safetensors do not fit a 64 GB disk)",
+    )
     a = ap.parse_args(argv)
     if not (a.src or a.llama_server):
         ap.error("give --src ARCHIVE (build with CUDA) or --llama-server BINARY")
@@ -288,7 +294,8 @@ def main(argv=None) -> int:
                 for dt in dts:
                     g = a.work / "gguf" / f"{name}-{dt}.gguf"
                     g.parent.mkdir(parents=True, exist_ok=True)
-                    convs[(name, dt)] = (g, None if g.exists() else start_convert(dirs[name], dt, g))
+                    lazy = a.one_gguf_at_a_time and dt != dts[0]  # started after the previous dtype's cells
+                    convs[(name, dt)] = (g, None if g.exists() or lazy else start_convert(dirs[name], dt, g))
             except Exception as e:  # noqa: BLE001  keep going: the other models still run
                 doc["errors"].append(f"model {name}: {e!r}")
                 log(f"model {name} FAILED: {e!r}")
@@ -330,6 +337,13 @@ def main(argv=None) -> int:
     with cal.Phase("cells", times):
         for name, dts in models.items():
             for dt in dts:
+                g = convs.get((name, dt), (None,))[0]
+                if a.one_gguf_at_a_time and g is not None and not g.exists() and binary:
+                    if time.perf_counter() - t_start <= a.deadline_s:
+                        if start_convert(dirs[name], dt, g).wait() != 0:
+                            doc["errors"].append(f"convert {name} {dt}: failed; see {g.with_suffix('.log')}")
+                        else:
+                            log(f"gguf {g.name}: {g.stat().st_size / 1e6:.1f} MB")
                 for np_ in slots:
                     cname = f"{name}.{dt}.np{np_}"
                     cdir = out / cname
@@ -351,6 +365,8 @@ def main(argv=None) -> int:
                         (cdir / "error.txt").write_text(traceback.format_exc())
                         log(f"cell {cname} FAILED: {e!r}"[:500])
                     log(f"cell {cname}: {time.perf_counter() - t:.1f} s")
+                if a.one_gguf_at_a_time and not a.keep_gguf and g is not None:
+                    g.unlink(missing_ok=True)  # the next dtype's disk
             if not a.keep_gguf:
                 for dt in dts:
                     if (name, dt) in convs:
