@@ -23,6 +23,7 @@ import aiohttp
 
 from tracekit.errors import ResponseShapeError, StreamProtocolError
 from tracekit.schema import RequestRecord, TokenColumns, prompt_hash
+from tracekit.store.rows import Row
 from tracekit.text import clip
 
 from .dialects import Acc, Dialect, EngineErrorEvent, RequestSpec
@@ -51,6 +52,9 @@ class Outcome:
     record: RequestRecord
     tokens: TokenColumns | None
     prompt_ids: list[int] | None
+    # The store's checked form of exactly this outcome (postprocess.storable sets it; any new
+    # Outcome starts without one): the writer appends it without checking it again.
+    row: Row | None = None
 
 
 def make_session(concurrency: int, timeout_s: float, api_key: str | None = None) -> aiohttp.ClientSession:

@@ -390,7 +390,7 @@ async def _send_all(
             return
         batch = pending[:]
         pending.clear()
-        writer.append_many([(o.record, o.tokens, o.prompt_ids) for o in batch])
+        writer.append_many([o.row if o.row is not None else (o.record, o.tokens, o.prompt_ids) for o in batch])
 
     tasks = [asyncio.ensure_future(one(s, at)) for s, at in zip(specs, delays)]
     try:

@@ -135,18 +135,22 @@ def _fallbacks(outcome: Outcome, why: str) -> Iterator[Outcome]:
 
 def storable(outcome: Outcome, layout: Layout) -> Outcome:
     """The outcome if the trace can hold it; else the first fallback error row it can hold (the
-    store's reason in `error`). Raises only when not even a bare row fits (a key the prompt file
-    check lets through cannot do that)."""
+    store's reason in `error`); either carries its checked row (`Outcome.row`). Raises only when
+    not even a bare row fits (a key the prompt file check lets through cannot do that)."""
     try:
-        check_request(outcome.record, outcome.tokens, outcome.prompt_ids, layout, "response")
-        return outcome
+        return _with_row(outcome, layout)
     except TraceFormatError as e:
         first = e
         why = _reason(e, outcome.record.key)
     for row in _fallbacks(outcome, why):
         try:
-            check_request(row.record, row.tokens, row.prompt_ids, layout, "response")
-            return row
+            return _with_row(row, layout)
         except TraceFormatError:
             continue
     raise first
+
+
+def _with_row(outcome: Outcome, layout: Layout) -> Outcome:
+    """The outcome with its checked row (`Outcome.row`: the writer does not check it again)."""
+    row = check_request(outcome.record, outcome.tokens, outcome.prompt_ids, layout, "response")
+    return Outcome(outcome.record, outcome.tokens, outcome.prompt_ids, row)

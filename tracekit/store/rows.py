@@ -28,13 +28,16 @@ _TEXT_FIXED = ("prompt_hash", "status", "finish_reason", "dtype")
 
 @dataclass(frozen=True)
 class Row:
-    """One request, checked and encoded: what the writer appends."""
+    """One request, checked and encoded: what the writer appends. `check_request` makes it; the
+    writer takes one as it is (no second check) when it was checked for the writer's layout."""
 
     fixed: dict  # request column -> value (offsets filled in by the writer)
     ragged: dict  # ragged column -> UTF-8 bytes
     tokens: TokenColumns  # padded to the layout's top-k width
     prompt_ids: np.ndarray | None  # int32, or None when prompt_len is unknown
     unique: tuple[str, str, str]  # (key, history, dtype): one row each in a trace
+    record: RequestRecord  # what was checked (the journal keeps it whole)
+    layout: Layout  # the layout it was checked against
 
 
 def _fail(where: str, rec_key: str, what: str) -> TraceFormatError:
@@ -103,7 +106,8 @@ def check_request(rec: RequestRecord, tokens, prompt_ids, layout: Layout, where:
     """Check one request against the format and the trace's layout; encode it as a `Row`.
 
     Public so that a capture can test an engine's answer before it reaches the
-    writer (and record it as an error row instead of stopping the run)."""
+    writer (and record it as an error row instead of stopping the run), then hand the
+    writer this Row, which it does not check again."""
     if not isinstance(rec, RequestRecord):
         raise TraceFormatError(f"{where}: expected a RequestRecord, got {type(rec).__name__}")
     key = rec.key
@@ -133,4 +137,4 @@ def check_request(rec: RequestRecord, tokens, prompt_ids, layout: Layout, where:
     toks = _tokens(tokens, layout, where, key)
     fixed["prompt_len"], pids = _prompt(rec, prompt_ids, where, key)
     fixed["n_tokens"] = len(toks)
-    return Row(fixed, ragged, toks, pids, (key, rec.history, rec.dtype))
+    return Row(fixed, ragged, toks, pids, (key, rec.history, rec.dtype), rec, layout)

@@ -193,7 +193,7 @@ class TraceWriter:
         self.append_many([(record, tokens, prompt_ids)], flush=flush)
         return self.n_requests - 1
 
-    def append_many(self, items: Sequence[tuple], flush: bool = True) -> int:
+    def append_many(self, items: Sequence[tuple | Row], flush: bool = True) -> int:
         """Write several requests, `(record, tokens|None, prompt_ids|None)` each, with one
         resize + write per dataset: a group commit. Appending costs ~25 dataset writes
         whatever its size, so a capture at high concurrency writes everything that
@@ -202,11 +202,14 @@ class TraceWriter:
 
         Every request is checked first (`rows.check_request`): one that the reader
         could not read back exactly, or whose (key, history, dtype) the trace already
-        holds, is a TraceFormatError, and nothing of the group is written."""
+        holds, is a TraceFormatError, and nothing of the group is written. An item may
+        instead be the `Row` that `check_request` returned for this trace's layout (a
+        capture checks each answer before it gets here): it is taken as checked, so a
+        row is checked once; its key is still checked against the trace's."""
         if not items:
             return 0
         where = str(self.path)
-        rows = [check_request(rec, toks, pids, self.layout, where) for rec, toks, pids in items]
+        rows = [self._checked(it, where) for it in items]
         seen = set()
         for r in rows:
             if r.unique in self._keys or r.unique in seen:
@@ -215,13 +218,21 @@ class TraceWriter:
                 raise TraceFormatError(f"{where}: request {key!r}{extra} is already in this trace; keys are unique")
             seen.add(r.unique)
         if self._journal is not None:  # write-ahead: durable before the HDF5 write begins
-            self._journal.append([(rec, r.tokens, r.prompt_ids) for (rec, _, _), r in zip(items, rows)])
+            self._journal.append([(r.record, r.tokens, r.prompt_ids) for r in rows])
         self._write(rows)
         self._keys |= seen
         self.n_requests += len(rows)
         if flush:
             self.flush()
         return len(rows)
+
+    def _checked(self, item: tuple | Row, where: str) -> Row:
+        if type(item) is Row and (item.layout is self.layout or item.layout == self.layout):
+            return item
+        if type(item) is Row:  # checked against another layout: check it against this one
+            return check_request(item.record, item.tokens, item.prompt_ids, self.layout, where)
+        rec, toks, pids = item
+        return check_request(rec, toks, pids, self.layout, where)
 
     def _write(self, rows: list[Row]) -> None:
         """One resize + write per dataset for the whole group."""
