@@ -46,8 +46,8 @@ from .eos_policy import skipped_eos
 from .facts import FLIP, LENGTH, NONE, SAME, Facts, columns, side_evidence
 from .grid import FLOOR_ABS, on_grid
 from .positions import chosen_values, drift, eos_before, first_divergence
-from .rules import rule_text
-from .streams import truncation
+from .rules import rule_texts
+from .streams import complete, truncation
 
 CLASSES = tuple(v.value for v in PRECEDENCE)  # the order the rules decide in (tracekit/verdicts.py)
 
@@ -194,7 +194,7 @@ def classify(
         cls=j.cls,
         drift_ok=j.ok["drift"],
         sound_ok=j.ok["sound_drift"],
-        rule=np.array([rule_text(f, j, i) for i in range(len(f.key))], dtype=object),
+        rule=rule_texts(f, j),
     )
     return cols
 
@@ -330,14 +330,19 @@ def _streams(al: Alignment, comparable: np.ndarray, eos_pos: np.ndarray):
     P = len(al.keys)
     trunc_a, trunc_b = np.full(P, "", dtype=object), np.full(P, "", dtype=object)
     refuted = np.full(P, "", dtype=object)
-    for i in np.flatnonzero(comparable).tolist():
-        trunc_a[i] = truncation(al.a, int(al.row_a[i]), int(al.n_a[i]), al.asked_a[i])
-        trunc_b[i] = truncation(al.b, int(al.row_b[i]), int(al.n_b[i]), al.asked_b[i])
-        e = int(eos_pos[i])
-        if e >= 0:  # a stream that went on past the EOS without ignoring EOS refutes it
-            for label, n, ask in (("A", al.n_a[i], al.asked_a[i]), ("B", al.n_b[i], al.asked_b[i])):
-                if n > e + 1 and ask.ignore_eos == 0 and not refuted[i]:
-                    refuted[i] = f"{label} went on past the EOS at {e} although its request did not ignore EOS"
+    for out, side, rows, n, ask in (
+        (trunc_a, al.a, al.row_a, al.n_a, al.asked_a),
+        (trunc_b, al.b, al.row_b, al.n_b, al.asked_b),
+    ):
+        cand = np.flatnonzero(comparable)
+        done = complete(side, rows[cand], n[cand], [ask[i] for i in cand.tolist()])
+        for i in cand[~done].tolist():
+            out[i] = truncation(side, int(rows[i]), int(n[i]), ask[i])
+    for i in np.flatnonzero(comparable & (eos_pos >= 0)).tolist():
+        e = int(eos_pos[i])  # a stream that went on past the EOS without ignoring EOS refutes it
+        for label, n, ask in (("A", al.n_a[i], al.asked_a[i]), ("B", al.n_b[i], al.asked_b[i])):
+            if n > e + 1 and ask.ignore_eos == 0 and not refuted[i]:
+                refuted[i] = f"{label} went on past the EOS at {e} although its request did not ignore EOS"
     return trunc_a, trunc_b, refuted
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import Alignment
+from .align import segments as _segments
 from .grid import steps
 from .sides import scanned
 
@@ -56,15 +57,6 @@ def eos_before(al: Alignment, ta: np.ndarray, t: np.ndarray, eos_ids: np.ndarray
     segs, first = np.unique(al.seg[hit], return_index=True)
     out[segs] = al.pos[hit[first]]
     return out
-
-
-def _first_per_pair(al: Alignment, mask: np.ndarray, P: int) -> tuple[np.ndarray, np.ndarray]:
-    """(per pair the first position where mask holds (-1), its index in [T] (-1))."""
-    hit = np.flatnonzero(mask)
-    pos, idx = np.full(P, -1, np.int64), np.full(P, -1, np.int64)
-    segs, first = np.unique(al.seg[hit], return_index=True)
-    pos[segs], idx[segs] = al.pos[hit[first]], hit[first]
-    return pos, idx
 
 
 @dataclass(frozen=True)
@@ -111,15 +103,18 @@ def chosen_values(al: Alignment, bits: np.ndarray) -> Values:
     for side, off, (col, top) in ((1, found[1], (col_b, top_b)), (0, found[0], (col_a, top_a))):
         j = np.searchsorted(said_at, off)
         said[j, 0], said[j, 1], said[j, 2] = side, col[off], top[off]
-    va = np.where(np.isnan(col_a), top_a, col_a)
-    vb = np.where(np.isnan(col_b), top_b, col_b)
+    # (a column without a NaN, the common case, is its own values: no [T] where)
+    nan_a, nan_b = np.isnan(col_a), np.isnan(col_b)
+    va = np.where(nan_a, top_a, col_a) if nan_a.any() else col_a
+    vb = np.where(nan_b, top_b, col_b) if nan_b.any() else col_b
     lp_a, lp_b = va, vb
     on_logits = np.zeros(P, bool)
     nz = np.flatnonzero(al.length > 0)
-    if len(nz) and al.a.has_logits and al.b.has_logits:
+    if len(nz) and al.a.has_logits and al.b.has_logits and va is not col_a and vb is not col_b:
         # A pair with a position where neither side recorded a logprob (neither in the
         # column nor in its top-k row) is measured on raw logits throughout, when both
-        # traces hold them: one unit per pair, and no unrecorded position escapes.
+        # traces hold them: one unit per pair, and no unrecorded position escapes. (Only where
+        # both columns have a NaN: a NaN-free column's values are all recorded.)
         missing = np.add.reduceat(np.isnan(va) & np.isnan(vb), al.start[nz]) > 0
         on_logits[nz] = missing
         if on_logits.any():
@@ -159,7 +154,8 @@ def _per_position(al: Alignment, v: Values) -> Values:
         else:
             o &= only[al.seg[cand]]
         odd[cand[o]] = True
-    raw = np.abs(la.astype(np.float64) - lb)
+    raw = np.subtract(la, lb, dtype=np.float64)  # = la.astype(float64) - lb, in one pass
+    np.abs(raw, out=raw)
     delta = raw
     logit_rows = al.per_row(v.on_logits)
     if logit_rows.any():  # raw logits: steps of the pair's grid at each value's own scale
@@ -206,31 +202,71 @@ def drift(al: Alignment, end: np.ndarray, v: Values, skip: bool = False) -> Drif
     nfa, nfb = np.full(P, np.nan), np.full(P, np.nan)
     bitwise = np.ones(P, bool)
     raw_max = np.full(P, np.nan)
-    nz = np.flatnonzero(al.length > 0)
+    nf_pos, inc_pos, said = np.full(P, -1), np.full(P, -1), np.full((P, 3), np.nan)
+    # a pair with no position before its end keeps the empty values: only the others are reduced
+    nz = np.flatnonzero((al.length > 0) & (end > 0))
     if skip or not len(nz):
-        none = np.full(P, -1)
-        return Drift(dmax, mean, n, nf, none, nfa, nfb, inc, none, np.full((P, 3), np.nan), bitwise, raw_max)
-    starts = al.start[nz]
-    pre = al.pos < al.per_row(end)
-    both = v.finite & pre
-    n[nz] = np.add.reduceat(both, starts, dtype=np.int64)
-    dmax[nz] = np.maximum.reduceat(np.where(both, v.delta, -1.0), starts)
-    mean[nz] = np.add.reduceat(np.where(both, v.delta, 0.0), starts) / np.maximum(n[nz], 1)
-    raw_max[nz] = np.maximum.reduceat(np.where(both, v.raw, -1.0), starts)
+        return Drift(dmax, mean, n, nf, nf_pos, nfa, nfb, inc, inc_pos, said, bitwise, raw_max)
+    sub = _Rows(al, nz)
+    nz = sub.nz
+    pre = sub.pos < np.repeat(end[nz], sub.length)
+    both = sub(v.finite) & pre
+    delta = sub(v.delta)
+    n[nz] = np.add.reduceat(both, sub.start, dtype=np.int64)
+    dmax[nz] = np.maximum.reduceat(np.where(both, delta, -1.0), sub.start)
+    # (each pair's whole segment summed, zeros past its end: the same sum, bit for bit, as before)
+    mean[nz] = np.add.reduceat(np.where(both, delta, 0.0), sub.start) / np.maximum(n[nz], 1)
+    if v.raw is v.delta:  # no pair on logits: the raw distances are the distances
+        raw_max[nz] = dmax[nz]
+    else:
+        raw_max[nz] = np.maximum.reduceat(np.where(both, sub(v.raw), -1.0), sub.start)
     dmax[n == 0], mean[n == 0], raw_max[n == 0] = np.nan, np.nan, np.nan
-    odd = v.odd & pre
-    nf[nz] = np.add.reduceat(odd, starts, dtype=np.int64)
-    nf_pos, idx = _first_per_pair(al, odd, P)
-    has = idx >= 0
-    nfa[has], nfb[has] = v.lp_a[idx[has]], v.lp_b[idx[has]]
-    bad = v.inconsistent & pre
-    inc[nz] = np.add.reduceat(bad, starts, dtype=np.int64)
-    inc_pos, inc_idx = _first_per_pair(al, bad, P)
-    said = np.full((P, 3), np.nan)
-    has = inc_idx >= 0
-    said[has] = v.said[np.searchsorted(v.said_at, inc_idx[has])]
-    bitwise[nz] = np.add.reduceat(v.differ & pre, starts, dtype=np.int64) == 0
+    if v.odd.any():  # a finding (rare): counted, the first one's values said
+        odd = sub(v.odd) & pre
+        nf[nz] = np.add.reduceat(odd, sub.start, dtype=np.int64)
+        nf_pos, idx = sub.first(odd, P)
+        has = idx >= 0
+        nfa[has], nfb[has] = v.lp_a[idx[has]], v.lp_b[idx[has]]
+    if v.inconsistent.any():
+        bad = sub(v.inconsistent) & pre
+        inc[nz] = np.add.reduceat(bad, sub.start, dtype=np.int64)
+        inc_pos, inc_idx = sub.first(bad, P)
+        has = inc_idx >= 0
+        said[has] = v.said[np.searchsorted(v.said_at, inc_idx[has])]
+    bitwise[nz] = np.add.reduceat(sub(v.differ) & pre, sub.start, dtype=np.int64) == 0
     return Drift(dmax, mean, n, nf, nf_pos, nfa, nfb, inc, inc_pos, said, bitwise, raw_max)
+
+
+class _Rows:
+    """The [T] rows drift() reduces, laid end to end: all of [T] when pairs `nz` (each with a
+    position before its end) hold most of it, else a gather of their segments only (the drift
+    up to an EOS: a few pairs). Either way each reduced pair's whole segment, in order. start:
+    each reduced pair's first row there; first(): per pair [P] the first position where a mask
+    holds and its index in [T]."""
+
+    def __init__(self, al: Alignment, nz: np.ndarray):
+        self.al = al
+        if 2 * int(al.length[nz].sum()) >= len(al.pos):
+            self.nz, self.rows, self.pos = np.flatnonzero(al.length > 0), None, al.pos
+        else:
+            seg, pos, _ = _segments(al.length[nz])
+            self.nz, self.rows, self.pos = nz, al.start[nz][seg] + pos, pos
+        self.length = al.length[self.nz]
+        self.start = np.cumsum(self.length) - self.length
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x if self.rows is None else x[self.rows]
+
+    def first(self, mask: np.ndarray, P: int) -> tuple[np.ndarray, np.ndarray]:
+        hit = np.flatnonzero(mask)
+        pos, idx = np.full(P, -1, np.int64), np.full(P, -1, np.int64)
+        if not len(hit):
+            return pos, idx
+        seg = np.searchsorted(self.start, hit, side="right") - 1  # the reduced pair of each hit
+        segs, first = np.unique(seg, return_index=True)
+        at = hit[first] if self.rows is None else self.rows[hit[first]]
+        pos[self.nz[segs]], idx[self.nz[segs]] = self.al.pos[at], at
+        return pos, idx
 
 
 def drift_ok(d: Drift, x: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .checks import Judged, failures, move_text, tie_ok
 from .facts import FLIP, Facts
-from .wording import dist, drift_text, tol
+from .wording import dist, drift_text, drift_words, tol
 
 
 def rule_text(f: Facts, j: Judged, i: int) -> str:
@@ -36,6 +36,30 @@ def rule_text(f: Facts, j: Judged, i: int) -> str:
     if f.kind[i] == FLIP and f.note[i]:
         out.append(f"note: {f.note[i]}")
     return "; ".join(out) or "no benign rule applies"
+
+
+def rule_texts(f: Facts, j: Judged) -> np.ndarray:
+    """[P] object: rule_text of every pair. The identical pairs (most of a run) are worded from
+    their columns as lists, at once; the rest one by one (tests/analyze/test_vectorised.py: the same texts)."""
+    out = np.empty(len(f.key), dtype=object)
+    same = np.flatnonzero(j.cls == "identical")
+    d = f.main
+    cols = (f.compared, d.bitwise, d.n, d.max, d.mean, f.on_logits, f.drift_tol, f.drift_mean_tol, f.dtype)
+    for i, *x in zip(same.tolist(), *(c[same].tolist() for c in cols)):
+        out[i] = _identical_words(*x)
+    for i in np.flatnonzero(j.cls != "identical").tolist():
+        out[i] = rule_text(f, j, i)
+    return out
+
+
+def _identical_words(compared, bitwise, n, mx, mean, on_logits, x, m, dtype) -> str:
+    if bitwise:
+        tail = "chosen logprobs bitwise equal"
+    elif n == 0:
+        tail = "drift not verified: a side stored no logprobs"
+    else:
+        tail = drift_words(mx, mean, n, on_logits, x, m)
+    return f"same {compared} token ids; {tail} ({dtype}); both streams complete"
 
 
 def _identical(f: Facts, i: int) -> str:

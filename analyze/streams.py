@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -215,6 +215,25 @@ def truncation(side, row: int, n: int, ask: Asked) -> str:
     if fin == CONTEXT_LIMIT:
         return ""  # the engine's context limit: said by context_limited(), never blamed on the pair
     return f"finish_reason {fin!r} after {n} tokens"
+
+
+def complete(side, rows: np.ndarray, n: np.ndarray, asked: Sequence[Asked]) -> np.ndarray:
+    """[P] bool for rows [P] of a side: where truncation() is surely '' (a missing row, a
+    teacher-forced side, a stop, a length stop at max_tokens, the context limit), decided for
+    all pairs at once; truncation() words the rest (tests/analyze/test_vectorised.py: the same)."""
+    if side.meta.source == "teacher_forced":
+        return np.ones(len(rows), bool)
+    has = rows >= 0
+    fin_raw = side.table.finish_reason[np.maximum(rows, 0)] if len(side.table) else np.full(len(rows), "")
+    uniq, inv = np.unique(fin_raw.astype(str), return_inverse=True)
+    fin = np.array([str(u).strip().lower() for u in uniq.tolist()], dtype=object)[inv.reshape(-1)]
+    mx = np.array([a.max_tokens for a in asked], dtype=np.int64)
+    ignore = np.array([a.ignore_eos for a in asked], dtype=np.int64)
+    stop = np.array([a.has_stop for a in asked], dtype=bool)
+    short = (n >= 0) & (n < mx)
+    stop_like, length_like = np.isin(fin, list(STOP_LIKE)), np.isin(fin, list(LENGTH_LIKE))
+    ok = (stop_like & ~(short & (ignore == 1) & ~stop)) | (length_like & ~short) | (fin == CONTEXT_LIMIT)
+    return ~has | (ok & (fin != ""))
 
 
 def context_limited(side, row: int) -> bool:

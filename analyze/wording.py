@@ -5,6 +5,8 @@ Formatting only, shared by the checks' reasons (checks.py) and the benign texts 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .facts import Facts
@@ -12,7 +14,8 @@ from .positions import Drift
 
 
 def num(x: float, fmt: str = ".3g") -> str:
-    return format(float(x), fmt) if np.isfinite(x) else "?"
+    x = float(x)
+    return format(x, fmt) if math.isfinite(x) else "?"
 
 
 def signed(x: float) -> str:
@@ -44,14 +47,18 @@ def mean_bound(f: Facts, i: int, n: int) -> float:
 
 def drift_text(f: Facts, d: Drift, i: int) -> str:
     """'drift max 0.052 / mean 0.0081 nats over 25 positions <= 0.5 / 0.08' (benign form)."""
-    mx, mean, n = d.max[i], d.mean[i], int(d.n[i])
-    if not np.isfinite(mx):
+    return drift_words(d.max[i], d.mean[i], int(d.n[i]), bool(f.on_logits[i]), f.drift_tol[i], f.drift_mean_tol[i])
+
+
+def drift_words(mx: float, mean: float, n: int, on_logits: bool, x: float, m: float) -> str:
+    """drift_text from its numbers: max, mean, positions, on raw logits, the max and mean bounds
+    (rules.rule_texts words every identical pair from its columns as lists)."""
+    if not math.isfinite(mx):
         return "no logprob to compare before it" if not n else "drift ?"
-    on = " (raw logits)" if f.on_logits[i] else ""
-    return (
-        f"drift{on} max {num(mx)} / mean {num(mean)} {drift_unit(f, i)} over {n} positions <= "
-        f"{f.drift_tol[i]:g} / {num(mean_bound(f, i, n))}"
-    )
+    on = " (raw logits)" if on_logits else ""
+    unit = "ulp" if on_logits else "nats"
+    bound = m + (x - m) / max(n, 1)  # mean_bound
+    return f"drift{on} max {num(mx)} / mean {num(mean)} {unit} over {n} positions <= {float(x):g} / {num(bound)}"
 
 
 def drift_failures(f: Facts, d: Drift, i: int, where: str = "before the flip") -> list[str]:
