@@ -241,13 +241,23 @@ def context_limited(side, row: int) -> bool:
     return row >= 0 and str(side.table.finish_reason[row]).strip().lower() == CONTEXT_LIMIT
 
 
+def _at_context_limit(side, rows: np.ndarray) -> np.ndarray:
+    """[P] bool: context_limited() of each row of `rows` (-1: missing, False)."""
+    if not len(side.table) or not len(rows):
+        return np.zeros(len(rows), bool)
+    uniq, inv = np.unique(side.table.finish_reason[np.maximum(rows, 0)].astype(str), return_inverse=True)
+    hit = np.array([str(u).strip().lower() == CONTEXT_LIMIT for u in uniq.tolist()], dtype=bool)
+    return (rows >= 0) & hit[inv.reshape(-1)]
+
+
 def context_notes(al) -> tuple[list[str], list[str]]:
     """(a note per pair, '' for most; the diff's run-level lines) for streams the engine stopped at
     its context limit: both sides (compared up to there, like max_tokens), or one side only."""
     per = [""] * len(al.keys)
     both, one = [], []
-    for i in range(len(al.keys)):
-        ca, cb = context_limited(al.a, int(al.row_a[i])), context_limited(al.b, int(al.row_b[i]))
+    lim_a, lim_b = _at_context_limit(al.a, al.row_a), _at_context_limit(al.b, al.row_b)
+    for i in np.flatnonzero(lim_a | lim_b).tolist():  # (context_limited() of each pair, at once)
+        ca, cb = bool(lim_a[i]), bool(lim_b[i])
         if ca and cb:
             per[i] = f"both truncated by the engine's context limit (A after {al.n_a[i]}, B after {al.n_b[i]} tokens)"
             both.append((int(al.n_a[i]), int(al.n_b[i])))

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from tracekit.analyze import classify as classify_mod
+from tracekit.analyze import compare as compare_mod
 from tracekit.analyze import diff, positions
 from tracekit.analyze import rules as rules_mod
-from tracekit.analyze.streams import truncation
+from tracekit.analyze.streams import context_limited, truncation
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns
 from tracekit.store import TraceWriter
 
@@ -52,7 +53,7 @@ def _edge_trace(path: str, side: str) -> str:
     reqs = []
     fins = ["stop", "length", "", "context_limit", "weird", "eos", "max_tokens", "stop"]
     for i in range(40):
-        fin = fins[i % len(fins)]
+        fin = "context_limit" if side == "b" and i % 11 == 2 else fins[i % len(fins)]  # one side only too
         n = 0 if i % 13 == 5 else 6 + i % 7
         params = {"max_tokens": 8 + (i % 3) * 2, "temperature": 0}
         if i % 4 == 1:
@@ -103,6 +104,13 @@ def _per_pair_streams(al, comparable, eos_pos):
         trunc_a[i] = truncation(al.a, int(al.row_a[i]), int(al.n_a[i]), al.asked_a[i])
         trunc_b[i] = truncation(al.b, int(al.row_b[i]), int(al.n_b[i]), al.asked_b[i])
     return trunc_a, trunc_b
+
+
+def _per_pair_context(al) -> list[tuple[bool, bool]]:
+    """streams.context_notes's test as it was: context_limited() of each pair's two rows."""
+    return [
+        (context_limited(al.a, int(al.row_a[i])), context_limited(al.b, int(al.row_b[i]))) for i in range(len(al.keys))
+    ]
 
 
 def _per_pair_drift(al, end, v):
@@ -175,6 +183,17 @@ def test_vectorised_equals_per_pair(case, request, monkeypatch):
             seen["gathered"] += int(2 * al.length[nz].sum() < len(al.pos))
         return got
 
+    real_context = compare_mod.context_notes
+
+    def context(al):
+        per, lines = real_context(al)
+        want = _per_pair_context(al)
+        assert [bool(x) for x in per] == [a or b for a, b in want]
+        assert all(("both" in x) == (a and b) for x, (a, b) in zip(per, want) if x)
+        seen["context"] = sum(a or b for a, b in want)
+        return per, lines
+
+    monkeypatch.setattr(compare_mod, "context_notes", context)
     monkeypatch.setattr(classify_mod, "rule_texts", texts)
     monkeypatch.setattr(classify_mod, "_streams", streams)
     monkeypatch.setattr(classify_mod, "drift", drift)
@@ -190,3 +209,6 @@ def test_vectorised_equals_per_pair(case, request, monkeypatch):
         assert any("although EOS was ignored" in x for x in trunc)
         assert (r.columns["eos_pos"] >= 0).any() and (r.columns["compared"] == 0).any()
         assert (r.columns["drift_n"] < r.columns["compared"]).any()  # NaN columns: fewer positions
+        notes = [x for x in r.columns["note"].tolist() if "context limit" in x]
+        assert any(x.startswith("both") for x in notes) and any(x.startswith("B truncated") for x in notes)
+        assert seen["context"] == len(notes)
