@@ -115,9 +115,11 @@ def _block_flags(lps: np.ndarray, chosen: np.ndarray, out: tuple[np.ndarray, np.
         if not flat.max() <= POSITIVE_LIMIT:  # a value above the limit, or a NaN (max is NaN)
             np.greater(flat, POSITIVE_LIMIT, out=hit)
             positive |= _any_per_row(hit, n, k)
-        # float32 sums of exp (numpy 2.4 on this AVX2 host: exp 0.46 ms a 1 MiB block, exp2 0.75-1.2
-        # and a multiply on top): the sum only sorts rows (far below the limit: sound; NaN, inf and
-        # near it: summed again exactly below), so its rounding never decides a verdict
+        # float32 sums of exp: on the bench's 2-core host (numpy 2.4, AVX2, no AVX-512) exp costs
+        # 0.46 ms a 1 MiB block, exp2 0.75-1.2 ms and a multiply on top (an earlier session measured
+        # exp2 at a third of exp: numpy dispatches them by the CPU's features). The sum only sorts rows (far
+        # below the limit: sound; NaN, inf and near it: summed again exactly below), so which
+        # function computes it never decides a verdict
         mass = np.exp(flat, out=tmp).reshape(n, k) @ np.ones(k, np.float32)  # NaN where a row holds a NaN
     odd = np.flatnonzero(np.isnan(mass))
     if len(odd):  # a value after a NaN gap is out of order too
