@@ -49,7 +49,10 @@ class Post:
         toks = outcome.tokens
         if toks is None or outcome.record.status != "ok":
             return outcome
-        n = int((toks.token_id < 0).sum())
+        tid = toks.token_id
+        if (not len(tid) or tid.min() >= 0) and (not toks.topk_id.size or toks.topk_id.min() >= 0):
+            return outcome  # every id known (one reduction a column: the common case)
+        n = int((tid < 0).sum())
         topk = unmapped_topk(toks)
         if not n and not topk.any():
             return outcome

@@ -7,6 +7,7 @@ secret: `RunMeta` redacts secret-looking keys again on the way in.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import platform
 import shlex
@@ -20,8 +21,13 @@ from .runrecord import RUN_VERSION, VERSION_KEY
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.lru_cache(maxsize=8)
 def git_commit(root: Path = REPO_ROOT) -> str | None:
-    """The checkout's commit (with '-dirty' when it has changes), or None outside git."""
+    """The checkout's commit (with '-dirty' when it has changes), or None outside git.
+
+    Asked once per process and root (two git subprocesses, ~24 ms, were a fixed cost of every
+    capture): the answer describes the code this process imported, which later edits to the
+    checkout do not change."""
     try:
         sha = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5

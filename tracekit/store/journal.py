@@ -33,6 +33,7 @@ from ..schema import RequestRecord, RunMeta, TokenColumns
 MAGIC = b"TKJ1"
 _HEAD = struct.Struct("<4sQI")
 _TOKEN_COLS = ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob", "topk_logit", "logits")
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord))  # flat scalars and strings
 
 
 def journal_path(trace: str | os.PathLike) -> Path:
@@ -97,7 +98,7 @@ class JournalWriter:
         for rec, toks, pids in items:
             recs.append(
                 {
-                    **dataclasses.asdict(rec),
+                    **{f: getattr(rec, f) for f in _RECORD_FIELDS},  # = asdict (no deep copies)
                     "_prompt": pids is not None,
                     "_cols": [c for c in _TOKEN_COLS if getattr(toks, c) is not None],
                 }

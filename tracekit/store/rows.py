@@ -66,7 +66,7 @@ def _ids(name: str, a, where: str, key: str, lo: int) -> np.ndarray:
     if arr.size and arr.dtype.kind not in "iu":
         if arr.dtype.kind != "f" or not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             raise _fail(where, key, f"{name} must hold integers, got {arr.dtype}")
-    if arr.size and (arr.min() < lo or arr.max() > (1 << 31) - 1):
+    if arr.size and (arr.min() < lo or (arr.dtype != np.int32 and arr.max() > (1 << 31) - 1)):
         raise _fail(where, key, f"{name} holds {arr.min()}..{arr.max()}, outside {lo}..2^31-1")
     return arr.astype(np.int32, copy=False)
 

@@ -68,21 +68,24 @@ def _utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _open_for_append(group: h5py.Group, name: str) -> h5py.Dataset:
+def _open_for_append(gid: h5py.h5g.GroupID, name: str) -> h5py.Dataset:
     """A dataset opened with a raw-data chunk cache for appending: none for plain chunks (each
     append is written straight to its place in the file), one chunk for filtered ones
     (compressed or checksummed: the chunk being filled is not read back, checked and decoded
     again at every append; HDF5 writes it whole, with its new checksum, at each flush). HDF5's default, 1 MiB per
     dataset, kept every chunk written while it fitted; an append-only writer never reads one
     back, and a capture's memory grew with its rows (~1.2 KB a request: +53 MB over 48,000
-    12-token requests, the same append cost without it)."""
-    ds = group[name]
-    chunk_bytes = int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else 0
-    nbytes = chunk_bytes if ds.compression or ds.fletcher32 else 0
-    del ds  # the cache is set when a dataset is first opened: no other handle may be open
+    12-token requests, the same append cost without it). Read through the low-level API: the
+    high-level group lookups cost ~0.5 ms a dataset, 16 ms a trace."""
+    dsid = h5py.h5d.open(gid, name.encode())
+    plist = dsid.get_create_plist()
+    nbytes = 0
+    if plist.get_layout() == h5py.h5d.CHUNKED and plist.get_nfilters():  # compressed or checksummed
+        nbytes = int(np.prod(plist.get_chunk())) * dsid.dtype.itemsize
+    del dsid, plist  # the cache is set when a dataset is first opened: no other handle may be open
     dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
     dapl.set_chunk_cache(1, nbytes, 1.0)  # (slots, bytes, w0)
-    return h5py.Dataset(h5py.h5d.open(group.id, name.encode(), dapl=dapl))
+    return h5py.Dataset(h5py.h5d.open(gid, name.encode(), dapl=dapl))
 
 
 class TraceWriter:
@@ -124,6 +127,7 @@ class TraceWriter:
         self.n_prompt = 0
         self._keys: set[tuple[str, str, str]] = set()  # (key, history, dtype) of every row
         self._ragged_bytes = dict.fromkeys(RAGGED, 0)
+        self._content = 0  # bytes appended to every dataset: what repack_if_sparse would sum
 
     # -- creation ---------------------------------------------------------
     def _init_layout(self) -> None:
@@ -279,21 +283,21 @@ class TraceWriter:
     def _handles(self) -> dict:
         """Every dataset of the file by path, looked up once (used by append_many)."""
         if getattr(self, "_ds_cache", None) is None:
-            self._ds_cache = {
-                f"{g}/{n}": _open_for_append(self._f[g], n)
-                for g in ("tokens", "requests", "prompt")
-                for n in self._f[g]
-            }
+            self._ds_cache = {}
+            for g in ("tokens", "requests", "prompt"):
+                group = self._f[g]
+                for n in group:
+                    self._ds_cache[f"{g}/{n}"] = _open_for_append(group.id, n)
         return self._ds_cache
 
-    @staticmethod
-    def _extend(ds: h5py.Dataset, values: np.ndarray) -> None:
+    def _extend(self, ds: h5py.Dataset, values: np.ndarray) -> None:
         """Append `values` along axis 0 through h5py's low-level API: the high-level resize + slice write
         costs ~130 us a dataset in Python overhead, this ~20 us. `values` must already
         have the dataset's dtype and trailing shape."""
         m = len(values)
         if m == 0:
             return
+        self._content += values.nbytes
         dsid = ds.id
         n = dsid.shape[0]
         tail = tuple(dsid.shape[1:])
@@ -323,7 +327,8 @@ class TraceWriter:
                     f.attrs["run"] = json.dumps(self.meta.run, sort_keys=True)
             # The file is whole and closed: a kill from here on leaves a readable
             # file (and a stale journal that no reader consults).
-            repack_if_sparse(self.path)
+            if os.path.getsize(self.path) > 2 * self._content + SPARSE_SLACK:  # else it cannot be sparse
+                repack_if_sparse(self.path)
             if self._journal is not None:  # the file is complete: the journal has done its job
                 self._journal.close(delete=True)
 
