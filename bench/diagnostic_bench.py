@@ -12,6 +12,11 @@ with --json one JSON object whose `vs_independent_forwards` is
 `vs_independent_forwards_cpu` the same ratio in this process's CPU seconds
 (a loaded machine disturbs the wall minimum of a short forward less than that
 of the 4x longer diagnostic; CPU seconds count only the work).
+The diagnostic cuts a history's first segment from a longer sibling's where
+the two were verified bitwise for that shape (capture/teacher/reuse.py; the
+default cell: `decode`'s prefill from `full`): the untimed warm-up call does
+that verification, at one extra forward per new shape, so the timed repeats
+measure the cut (or the fallback, where the verdict was False).
 Models have random weights built from hard-coded configs (no downloads):
 `tiny` is the fixture model's shape, `qwen3-0.6b` / `qwen3-4b` the real
 Qwen3 configs. MFU counts 2*params*tokens (decoder layers, plus the LM head

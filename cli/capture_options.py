@@ -242,6 +242,16 @@ OPTIONS = (
         ),
     ),
     Opt(
+        "no_prefix_reuse",
+        ("--no-prefix-reuse",),
+        TEACHER,
+        dict(
+            is_flag=True,
+            help="Run every history's first segment itself (default: cut it from a longer one where the two "
+            "were compared bitwise for that shape; the same logits).",
+        ),
+    ),
+    Opt(
         "tp",
         ("--tp",),
         TEACHER,

@@ -45,6 +45,7 @@ class TeacherConfig:
     full_logits: bool = False
     force: bool = False
     no_cuda_graphs: bool = False
+    no_prefix_reuse: bool = False  # run every first segment itself (reuse.py: only ever a cost saving)
     tp: int = 1  # > 1: tp ranks under transformers' tensor-parallel plan (tp.py)
     tp_backend: str | None = None  # gloo | nccl; None: the device's default (tp.check)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from tracekit.modelinfo import eos_token_ids
 from tracekit.runinfo import base_run
 from tracekit.schema import Layout, RequestRecord, RunMeta
 
+from . import reuse
 from .history import History, HistorySpec
 from .model import load_model, resolve_attn
 from .records import DiagnosticSummary, Rank
@@ -41,6 +42,9 @@ class DiagnosticConfig:
     full_logits: bool = False
     force: bool = False
     cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
+    # cut a first segment [0, b) from a sibling's longer [0, S) where verified bitwise for the shape
+    # (reuse.py); never under TP. The logits are the same either way.
+    reuse_prefixes: bool = True
     batch_tokens: int = 1 << 15  # input tokens per batched forward (memory bound)
     batch_logits_bytes: int = 1 << 29  # FP32 bytes of one history's scored logits [N, G, V] per batch
     rank: Rank | None = None  # this process's rank of a --tp run (only inside the ranks tp.launch starts)
@@ -141,6 +145,7 @@ def run_meta(cfg: DiagnosticConfig, vocab: int, eos: tuple[int, ...], extra: dic
         full_logits=cfg.full_logits,
         # never cpu, never a device_map, never under TP
         cuda_graphs=cfg.cuda_graphs and cfg.device.startswith("cuda") and cfg.tp == 1,
+        prefix_reuse=cfg.reuse_prefixes and cfg.tp == 1,
         tp=cfg.tp,
         **_tp_run(cfg),
         eos_token_ids=list(eos),
@@ -216,6 +221,7 @@ def run_diagnostic(
                 if first_model is not None and first_model.dtype == d
                 else load_model(cfg.model_dir, d, cfg.device, cfg.attn, cfg.cuda_graphs, cfg.rank)
             )
+            lm = replace(lm, reuse_prefixes=lm.reuse_prefixes and cfg.reuse_prefixes)  # the same verdicts dict
             if batches is None:
                 batches, skipped = plan_batches(
                     seqs,
@@ -239,10 +245,16 @@ def run_diagnostic(
                     if cfg.rank is None or cfg.rank.writes_trace
                     else _NoWriter()
                 )
+            before = dict(reuse.STATS)
             summary.rows += write_rows(writer, cfg, lm, seqs, batches)
             summary.seconds_by_dtype[d] = round(time.perf_counter() - t0, 3)
+            for k in summary.prefix_segments:
+                summary.prefix_segments[k] += reuse.STATS[k] - before[k]
             print(
-                f"teacher-forced {d}: {summary.rows} rows so far, {summary.seconds_by_dtype[d]:.1f} s", file=sys.stderr
+                f"teacher-forced {d}: {summary.rows} rows so far, {summary.seconds_by_dtype[d]:.1f} s; "
+                f"first segments cut from a longer one: {reuse.STATS['reused'] - before['reused']}, "
+                f"shapes verified: {reuse.STATS['verified'] - before['verified']}",
+                file=sys.stderr,
             )
             del lm
     finally:

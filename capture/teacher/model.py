@@ -60,7 +60,9 @@ def load_model(
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"{model_dir}: cannot load as an HF causal LM ({first})") from None
     if rank is not None:  # transformers placed each shard on this rank's device; graphs cannot hold a gloo collective
-        return wrap_model(model.eval(), dtype, device, cuda_graphs=False)
+        lm = wrap_model(model.eval(), dtype, device, cuda_graphs=False)
+        lm.reuse_prefixes = False  # ranks verifying alone could run different forwards (reuse.py)
+        return lm
     if device == "auto":  # inputs go where the embedding lives; accelerate's hooks move activations on
         return wrap_model(model.eval(), dtype, str(model.get_input_embeddings().weight.device), cuda_graphs)
     return wrap_model(model.to(device).eval(), dtype, device, cuda_graphs)

@@ -50,6 +50,10 @@ class LoadedModel:
     cache_kw: str  # forward keyword for the KV cache: 'cache' (5.2x) or 'past_key_values'
     vocab_size: int
     cuda_graphs: bool = True  # decode chains on CUDA as graphs with eager attention (graphs.py)
+    reuse_prefixes: bool = True  # cut root segments from a longer one where verified bitwise (reuse.py)
+    # reuse.py's verdicts: shape key -> whether the cut equals the separate forward, bit for bit.
+    # One dict per loaded model, shared by dataclasses.replace copies of this record.
+    prefix_verdicts: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -61,6 +65,9 @@ class DiagnosticSummary:
     sequences: int = 0
     skipped: list[str] = field(default_factory=list)  # "key history (why)": pairs that do not apply
     seconds_by_dtype: dict[str, float] = field(default_factory=dict)
+    # reuse.py's counts over the run: first segments cut from a longer one (reused), shapes compared
+    # (verified), comparisons that found a difference (failed; those shapes ran their own forwards)
+    prefix_segments: dict[str, int] = field(default_factory=lambda: {"reused": 0, "verified": 0, "failed": 0})
 
     def as_dict(self) -> dict:
         return {
@@ -69,6 +76,7 @@ class DiagnosticSummary:
             "sequences": self.sequences,
             "skipped": list(self.skipped),
             "seconds_by_dtype": dict(self.seconds_by_dtype),
+            "prefix_segments": dict(self.prefix_segments),
         }
 
     @classmethod
@@ -80,4 +88,5 @@ class DiagnosticSummary:
             sequences=d["sequences"],
             skipped=d["skipped"],
             seconds_by_dtype=d["seconds_by_dtype"],
+            prefix_segments=d.get("prefix_segments", {"reused": 0, "verified": 0, "failed": 0}),
         )

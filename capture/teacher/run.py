@@ -44,6 +44,7 @@ def run_teacher(cfg: TeacherConfig, rank: Rank | None = None) -> DiagnosticSumma
         full_logits=cfg.full_logits,
         force=cfg.force,
         cuda_graphs=not cfg.no_cuda_graphs,
+        reuse_prefixes=not cfg.no_prefix_reuse,
         rank=rank,
     )
     vocab = _vocab_size(cfg.model_dir)

@@ -3,10 +3,13 @@
 Histories are executed as a trie of segments: two histories whose first j
 segment ends are equal run those j forwards once (same token slices, same
 shapes, same cache contents, so the same numbers) and fork the KV cache where
-they part. Nothing else is shared: a forward over tokens[:B] is never reused
-for tokens[:B'] (different shapes can pick different kernels), one dtype never
-feeds another, and sequences of different lengths are never padded into one
-batch (padding changes the attention numerics).
+they part. One more sharing, only where verified bitwise: a first segment
+tokens[:b] is cut from a sibling's longer first segment tokens[:S] on the
+shapes where the two forwards were compared and found equal (reuse.py;
+different shapes can pick different kernels, so nothing is assumed). Nothing
+else is shared: one dtype never feeds another, and sequences of different
+lengths are never padded into one batch (padding changes the attention
+numerics).
 
 This module knows nothing about files, prompts or tokenizers; torch and
 transformers are imported lazily.
@@ -18,7 +21,7 @@ from typing import Any
 
 from tracekit.hfcompat import new_dynamic_cache
 
-from . import chain
+from . import chain, reuse
 from .graphs import MIN_STEPS, NoGraph, decode_chain, graphable
 from .history import History
 from .model import fork_cache
@@ -98,18 +101,30 @@ def _run_node(lm, ids, first_scored, hists, depth, start, cache, pieces) -> list
     children: dict[int, list[History]] = {}
     for h in hists:
         children.setdefault(h.ends[depth], []).append(h)
+    # At the root every child runs from an empty cache: the shorter ones may be cut from the longest.
+    cut = cache is None and lm.reuse_prefixes and len(children) > 1
+    if cut:
+        longest = max(children)
+        leaf = all(len(h.ends) == depth + 1 for h in children[longest])
+        long_logits, long_cache, source = reuse.run_longest(lm, ids, first_scored, longest, leaf, _forward)
     out = []
     for i, (end, group) in enumerate(children.items()):
         rest = [h for h in group if len(h.ends) > depth + 1]
         last = i == len(children) - 1
-        if rest:
-            child_cache = new_dynamic_cache(lm.model) if cache is None else (cache if last else fork_cache(cache))
+        if cut and end == longest:
+            logits, child_cache = long_logits, long_cache
         else:
-            # A leaf: no later segment reads this cache, but a segment after a
-            # prefix must still attend to it (a fork, so siblings see the prefix only).
-            child_cache = None if cache is None else (cache if last else fork_cache(cache))
-        keep = max(0, end - max(start, first_scored))
-        logits = _forward(lm, ids[:, start:end], child_cache, keep)
+            if rest:
+                child_cache = new_dynamic_cache(lm.model) if cache is None else (cache if last else fork_cache(cache))
+            else:
+                # A leaf: no later segment reads this cache, but a segment after a
+                # prefix must still attend to it (a fork, so siblings see the prefix only).
+                child_cache = None if cache is None else (cache if last else fork_cache(cache))
+            if cut:
+                logits = reuse.run_cut(lm, ids, first_scored, end, longest, long_logits, source, child_cache, _forward)
+            else:
+                keep = max(0, end - max(start, first_scored))
+                logits = _forward(lm, ids[:, start:end], child_cache, keep)
         if logits is not None:
             for h in group:
                 pieces[h.label].append(logits)
