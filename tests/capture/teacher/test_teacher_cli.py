@@ -48,9 +48,33 @@ def test_cli_prompts_json_summary_and_clean_stdout(random_model_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)  # exactly one JSON document on stdout
     assert summary["rows"] == 2 * 3 * 2 and summary["out"] == str(out)
+    assert summary["prefix_segments"]["verified"] >= 1  # prefix's [0, 3) and decode's prefill vs full's forward
     with TraceReader(out) as t:
         assert t.meta.source == "teacher_forced" and t.layout.topk == 3 and t.layout.raw_logits
         assert t.meta.run["histories"] == ["full", "prefix:3", "decode"]
+        assert t.meta.run["prefix_reuse"] is True
+        on = [t.tokens(i) for i in range(len(t.requests))]
+    off_out = tmp_path / "diag_off.h5"
+    args = ["--prompts", prompts, "--max-tokens", 4, "--history", "full,prefix:3,decode", "--dtype", "fp32,bf16"]
+    r = _tracekit(
+        "capture",
+        "--teacher-forced",
+        random_model_dir,
+        *args,
+        "--top-logprobs",
+        3,
+        "--out",
+        off_out,
+        "--json",
+        "--no-prefix-reuse",
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["prefix_segments"] == {"reused": 0, "verified": 0, "failed": 0}
+    with TraceReader(off_out) as t:
+        assert t.meta.run["prefix_reuse"] is False
+        off = [t.tokens(i) for i in range(len(t.requests))]
+    for a, b in zip(on, off, strict=True):  # the same rows, bit for bit
+        assert a.topk_logit.tobytes() == b.topk_logit.tobytes() and a.logprob.tobytes() == b.logprob.tobytes()
 
 
 def test_cli_errors(random_model_dir, tmp_path):
