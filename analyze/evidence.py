@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracekit.rowcheck import POSITIVE_LIMIT, SUM_LIMIT  # noqa: F401 (their home: the row checks)
+
 from .grid import spacing, steps
 from .window import token_rows
 
@@ -43,8 +45,6 @@ from .window import token_rows
 DUP_ID, POS_INF, POSITIVE_LP, SUM_OVER_ONE, UNKNOWN_ABOVE, CAND_LOGIT, COLUMN = 1, 2, 4, 8, 16, 32, 64
 COLUMN_NATS = 1e-4  # the chosen-logprob column and the top-k row come from one response
 GREEDY_NATS = 1e-6  # float32 logprobs of equal logits are equal; this only absorbs their last bit
-POSITIVE_LIMIT = 1e-3  # a logprob above this is a probability above 1 (rounding gives ~1e-6)
-SUM_LIMIT = 1.01  # probabilities of a top-k row: at most 1, with room for rounding
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracekit.rowcheck import row_mass
+
 from .align import Alignment
-from .rowscan import row_mass
 from .window import token_rows
 
-# The limits (one home each): evidence.POSITIVE_LIMIT and SUM_LIMIT, as at the first difference;
-# rowscan.ORDER_TOL: an entry may exceed one listed before it by rounding only (float32 / BF16
+# The limits (one home each: tracekit/rowcheck.py): POSITIVE_LIMIT and SUM_LIMIT, as at the first
+# difference; ORDER_TOL: an entry may exceed one listed before it by rounding only (float32 / BF16
 # storage of values the engine ranked in higher precision); a swap of real candidates is larger.
 
 

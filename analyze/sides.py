@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit.errors import AlignmentError, ConfigError
+from tracekit.rowcheck import pick
 from tracekit.schema import RequestTable, RunMeta
 from tracekit.store import TraceReader, prompt_column
 
-from .rowscan import RowScan, pick, scan
+from .rowscan import RowScan, scan
 
 # Request columns a --a-select/--b-select filter may name.
 SELECTABLE = ("history", "dtype", "finish_reason", "status")

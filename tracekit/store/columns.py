@@ -34,6 +34,9 @@ TOKEN_1D = {"token_id": "<i4", "logprob": "<f4", "t_arrival_s": "<f8"}
 TOKEN_TOPK = {"topk_id": "<i4", "topk_logprob": "<f4", "topk_logit": "<f4"}
 TOKEN_COLUMNS = tuple(TOKEN_1D) + tuple(TOKEN_TOPK) + ("logits",)
 PROMPT_DTYPE = "<i4"
+# /rowcheck, in traces with top-k: the row checks of every token row (tracekit/rowcheck.py), written
+# with the rows; the root attribute `rowcheck` holds the limits they were computed with.
+ROWCHECK = {"topk_lp": "<f4", "flags": "u1"}
 
 # The root attribute `checksum` of a trace whose every chunked dataset carries HDF5's Fletcher-32
 # filter (written since tracekit 0.1.x; a v1 file without the attribute predates it).

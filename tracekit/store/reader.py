@@ -16,11 +16,13 @@ from typing import Callable, Iterable
 import h5py
 import numpy as np
 
+from .. import rowcheck
 from ..errors import SchemaVersionError, TraceFormatError, TracekitError
 from ..schema import FORMAT, FORMAT_VERSION, Layout, RequestRecord, RequestTable, RunMeta, TokenColumns
+from .columns import ROWCHECK
 from .journal import journal_path, read_journal, writer_alive
 from .recovery import recover
-from .v1 import H5_ERRORS, Opened, damage, first_line, int_attr, read_all, read_v1, root_attrs, str_attr
+from .v1 import H5_ERRORS, Opened, damage, dataset_id, first_line, int_attr, read_all, read_v1, root_attrs, str_attr
 
 
 def _open(path: str, swmr: bool = False) -> h5py.File:
@@ -140,6 +142,8 @@ class TraceReader:
             raise
         self.meta: RunMeta = meta
         self.requests: RequestTable = table
+        with damaged(self.path, "/rowcheck"):
+            self._checks = _row_checks(self._f, attrs, self.path, self.n_token_rows, bool(meta.checksum))
 
     def __enter__(self) -> "TraceReader":
         return self
@@ -170,7 +174,9 @@ class TraceReader:
         return int(self.requests.token_offset[-1] + self.requests.n_tokens[-1])
 
     def has_column(self, name: str) -> bool:
-        return name in self._tok
+        """A token column, or one of the stored row checks ("rowcheck/topk_lp", "rowcheck/flags":
+        present when the writer stored them with this tracekit's limits, tracekit/rowcheck.py)."""
+        return name in self._tok or name in self._checks
 
     def chunk_rows(self, name: str) -> int:
         """Rows a stored chunk of token column `name` holds (0 when not chunked): a reader of
@@ -180,6 +186,8 @@ class TraceReader:
 
     def _dataset(self, name: str) -> h5py.Dataset:
         ds = self._tok.get(name)
+        if ds is None:
+            ds = self._checks.get(name)
         if ds is None:
             raise TraceFormatError(
                 f"{self.path}:/tokens/{name}: column not in this trace (columns: {', '.join(sorted(self._tok))})"
@@ -217,7 +225,7 @@ class TraceReader:
         ds = self._dataset(name)
         n = self.n_token_rows
         start, stop, step = (rows or slice(0, n)).indices(n)
-        with damaged(self.path, f"/tokens/{name}", ds):
+        with damaged(self.path, f"/{name}" if "/" in name else f"/tokens/{name}", ds):
             if step == 1:
                 return _read_rows(ds, start, max(start, stop), out)
             return ds[start:stop:step]
@@ -231,6 +239,7 @@ class TraceReader:
         middle of a diff. Returns the bytes read."""
         total = 0
         named = [(f"/tokens/{n}", ds) for n, ds in self._tok.items()] + [("/prompt/token_id", self._prompt)]
+        named += [(f"/{n}", ds) for n, ds in self._checks.items()]
         for where, ds in named:
             n = ds.shape[0]
             step = max(1, block_bytes // max(1, ds.dtype.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))))
@@ -238,6 +247,27 @@ class TraceReader:
                 for s in range(0, n, step):
                     total += _read_rows(ds, s, min(n, s + step)).nbytes
         return total
+
+
+def _row_checks(f: h5py.File, attrs: dict, path: str, n_rows: int, checksum: bool) -> dict[str, h5py.Dataset]:
+    """The stored row checks by column name ("rowcheck/flags", ...), or none: a trace written
+    without them (older, or no top-k), or with other limits than this tracekit's (a diff then
+    computes them from the top-k columns). Stored ones that do not cover every token row are a
+    damaged file."""
+    stamp = attrs.get("rowcheck")
+    if isinstance(stamp, (bytes, np.bytes_)):
+        stamp = stamp.decode("utf-8", "replace")
+    if "rowcheck" not in f or stamp != rowcheck.LIMITS:
+        return {}
+    group = f["rowcheck"]
+    out = {}
+    for name, dt in ROWCHECK.items():
+        dsid = dataset_id(group, name, dt, 1, path, checksum=checksum)
+        if dsid.shape[0] < n_rows:
+            got = f"{dsid.shape[0]} rows for {n_rows} token rows"
+            raise TraceFormatError(f"{path}:/rowcheck/{name}: {got}; the file is damaged, re-capture it")
+        out[f"rowcheck/{name}"] = h5py.Dataset(dsid)
+    return out
 
 
 def _read_rows(ds: h5py.Dataset, start: int, stop: int, into: np.ndarray | None = None) -> np.ndarray:

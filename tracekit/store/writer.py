@@ -21,10 +21,20 @@ from typing import Sequence
 import h5py
 import numpy as np
 
-from .. import __version__
+from .. import __version__, rowcheck
 from ..errors import TraceFormatError
 from ..schema import FORMAT, FORMAT_VERSION, RequestRecord, RunMeta, TokenColumns
-from .columns import CHECKSUM, FIXED, RAGGED, REQ_CHUNK, TOK_CHUNK_ROWS, TOKEN_1D, TOKEN_COLUMNS, TOPK_CHUNK_BYTES
+from .columns import (
+    CHECKSUM,
+    FIXED,
+    RAGGED,
+    REQ_CHUNK,
+    ROWCHECK,
+    TOK_CHUNK_ROWS,
+    TOKEN_1D,
+    TOKEN_COLUMNS,
+    TOPK_CHUNK_BYTES,
+)
 from .journal import JournalWriter
 from .rows import Row, check_request
 
@@ -181,6 +191,12 @@ class TraceWriter:
         f.create_group("prompt").create_dataset(
             "token_id", shape=(0,), maxshape=(None,), dtype="<i4", chunks=(self._rows(TOK_CHUNK_ROWS),), **ck
         )
+        if m.layout.topk:  # the row checks of every top-k row, computed as it is written (tracekit/rowcheck.py)
+            f.attrs["rowcheck"] = rowcheck.LIMITS
+            g = f.create_group("rowcheck")
+            rows = self._rows(TOK_CHUNK_ROWS)
+            for name, dt in ROWCHECK.items():
+                g.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt, chunks=(rows,), **ck)
 
     def _rows(self, default: int) -> int:
         return min(default, self._chunk_cap) if self._chunk_cap else default
@@ -264,9 +280,16 @@ class TraceWriter:
             n_prompt += 0 if r.prompt_ids is None else len(r.prompt_ids)
         ds = self._handles()  # h5py group lookups cost ~0.1 ms each: look up once per writer
         ext = self._extend
+        whole = {}
         for name, parts in cols.items():
             d = ds["tokens/" + name]
-            ext(d, np.concatenate(parts).astype(d.dtype, copy=False))
+            whole[name] = np.concatenate(parts).astype(d.dtype, copy=False)
+            ext(d, whole[name])
+        if "rowcheck/flags" in ds:  # before the request rows: a live reader never sees a row without its checks
+            entry, bits = rowcheck.stored(whole["topk_id"], whole["topk_logprob"], whole["token_id"])
+            ext(ds["rowcheck/topk_lp"], entry)
+            ext(ds["rowcheck/flags"], bits)
+            del whole
         pids = [r.prompt_ids for r in rows if r.prompt_ids is not None]
         if pids:
             ext(ds["prompt/token_id"], np.concatenate(pids).astype("<i4", copy=False))
@@ -284,7 +307,9 @@ class TraceWriter:
         """Every dataset of the file by path, looked up once (used by append_many)."""
         if getattr(self, "_ds_cache", None) is None:
             self._ds_cache = {}
-            for g in ("tokens", "requests", "prompt"):
+            for g in ("tokens", "requests", "prompt", "rowcheck"):
+                if g not in self._f:
+                    continue
                 group = self._f[g]
                 for n in group:
                     self._ds_cache[f"{g}/{n}"] = _open_for_append(group.id, n)
