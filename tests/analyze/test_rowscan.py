@@ -4,11 +4,13 @@ answers (order, sign, mass, the chosen token's entry), across block edges, with 
 
 from __future__ import annotations
 
+import h5py
 import numpy as np
 import pytest
 
+from tracekit import rowcheck
 from tracekit.analyze import rowscan
-from tracekit.analyze.evidence import POSITIVE_LIMIT, SUM_LIMIT
+from tracekit.rowcheck import POSITIVE_LIMIT, SUM_LIMIT
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns
 from tracekit.store import TraceReader, TraceWriter
 
@@ -61,14 +63,25 @@ def _trace(path, ids, lps, tok, chosen, lens):
             s = e
 
 
+def _strip(path):
+    """The trace as a writer without stored row checks left it (an older tracekit's)."""
+    with h5py.File(path, "r+") as f:
+        del f["rowcheck"]
+        del f.attrs["rowcheck"]
+
+
+@pytest.mark.parametrize("stored", [True, False])  # the writer's checks, or computed by the scan
 @pytest.mark.parametrize("K", [5, 6, 20])  # rows read as 1-, 2- and 4-byte ints
 @pytest.mark.parametrize("block_rows", [3, 7, 64, 10_000])
-def test_scan_equals_the_rowwise_checks(tmp_path, monkeypatch, block_rows, K):
+def test_scan_equals_the_rowwise_checks(tmp_path, monkeypatch, block_rows, K, stored):
     ids, lps, tok, chosen = _rows(157, K)
     monkeypatch.setattr(rowscan, "BLOCK_BYTES", block_rows * 4 * K)
-    monkeypatch.setattr(rowscan, "CACHE_BYTES", max(1, block_rows // 2) * 4 * K)
+    monkeypatch.setattr(rowcheck, "CACHE_BYTES", max(1, block_rows // 2) * 4 * K)
     _trace(tmp_path / "t.h5", ids, lps, tok, chosen, [50, 60, 47])
+    if not stored:
+        _strip(tmp_path / "t.h5")
     with TraceReader(tmp_path / "t.h5") as r:
+        assert r.has_column("rowcheck/flags") is stored
         got = rowscan.scan(r, r.column("token_id"), r.column("logprob"))
     disorder, positive, heavy, entry = _rowwise(ids, lps, tok, chosen)
     assert np.flatnonzero(got.disorder).tolist() == np.flatnonzero(disorder).tolist()
@@ -92,8 +105,9 @@ def test_no_topk_no_scan(tmp_path):
         assert rowscan.scan(r, r.column("token_id"), r.column("logprob")) is None
 
 
+@pytest.mark.parametrize("stored", [True, False])
 @pytest.mark.parametrize("block_rows", [3, 64, 10_000])
-def test_kept_rows_are_the_files_rows(tmp_path, monkeypatch, block_rows):
+def test_kept_rows_are_the_files_rows(tmp_path, monkeypatch, block_rows, stored):
     """The rows the diff keeps during the pass (the first differences) are exactly what a read of
     those rows returns, across block edges; a row that was not kept is never made up (None: the
     caller reads the file)."""
@@ -102,6 +116,8 @@ def test_kept_rows_are_the_files_rows(tmp_path, monkeypatch, block_rows):
     ids, lps, tok, chosen = _rows(157, 20)
     monkeypatch.setattr(rowscan, "BLOCK_BYTES", block_rows * 4 * 20)
     _trace(tmp_path / "t.h5", ids, lps, tok, chosen, [50, 60, 47])
+    if not stored:
+        _strip(tmp_path / "t.h5")
     keep = np.array([156, 0, 2, 63, 64, 2, 99])  # unsorted, repeated, at both ends and a block edge
     with TraceReader(tmp_path / "t.h5") as r:
         got = rowscan.scan(r, r.column("token_id"), r.column("logprob"), keep=keep)

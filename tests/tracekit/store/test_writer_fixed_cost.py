@@ -48,7 +48,8 @@ def test_handles_get_the_chunk_cache_of_the_high_level_rule(tmp_path, checksums,
     with TraceWriter(tmp_path / "t.h5", meta, checksums=checksums) as w:
         w.append_many(_items(3, 5, 4, raw, vocab))
         handles = w._handles()
-        assert len(handles) == sum(len(w._f[g]) for g in ("tokens", "requests", "prompt")) >= 25
+        assert len(handles) == sum(len(w._f[g]) for g in ("tokens", "requests", "prompt", "rowcheck")) >= 27
+        assert {"rowcheck/topk_lp", "rowcheck/flags"} <= set(handles)  # the row checks, with the rows
         for name, ds in handles.items():
             want = int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks and (ds.compression or ds.fletcher32) else 0
             assert ds.id.get_access_plist().get_chunk_cache()[1:] == (want, 1.0), name  # (slots,) bytes, w0
