@@ -52,7 +52,7 @@ def _write(path, n_req=3, n=40, k=8, seed=0):
     meta = RunMeta(source="http", run={"dtype": "bf16"}, layout=Layout(topk=k, raw_logits=False))
     lps = -np.sort(rng.uniform(2.5, 9.0, (n_req * n, k)), axis=1).astype(np.float32)
     ids = rng.integers(0, 5000, (n_req * n, k)).astype(np.int32)
-    lps[5, 2], lps[5, 3] = -0.05, -0.02  # out of order
+    lps[5, 2], lps[5, 3] = -9.5, -9.2  # out of order
     lps[50, 0] = 0.5  # a probability above 1 (still in order)
     lps[90] = np.log(np.float32(1.2) / k)  # a row summing to 1.2
     tok = ids[:, 0].copy()
