@@ -4,14 +4,20 @@ Two synthetic traces of N positions (default 1,000,000) with top-20 ids,
 logprobs and raw logits, written through TraceWriter, with planted
 divergences of every class. Measured side by side in one run:
 
-  tracekit        tracekit.analyze.diff(A, B): read + align + classify, vectorised
+  tracekit        tracekit.analyze.diff(A, B): read + align + classify, vectorised, every
+                  soundness check on; the row checks of every top-k row (order, sign, mass,
+                  the chosen token's entry) read from the trace's /rowcheck, which the writer
+                  stores (tracekit/rowcheck.py)
+  checks computed the same diff of the same traces without /rowcheck (an older writer's):
+                  the row checks computed from both [N, k] columns, read whole
   per-position    the check_logprobs_close way: read the columns, build the
                   per-position {id: logprob} top-k dicts it consumes, run its
                   rule (first differing position: each token in the other's top-k)
   read floor      just reading the compared columns (token_id, logprob,
                   topk_id, topk_logprob, topk_logit) of both files
-  read floor 4    the columns the diff reads whole (all but topk_logit, which it reads at
-                  the first differences only): what the diff costs beyond its own reading
+  read floor 4    what a diff computing the row checks reads whole (all but topk_logit, which
+                  it reads at the first differences only)
+  read floor diff what the diff reads whole: token_id, logprob and the two /rowcheck columns
   read floor 1-D  reading token_id + logprob only (the least any diff must read)
 
 Targets (issue 25): speedup_vs_per_position >= 30, vs_read_floor <= 1.2.
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,6 +49,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tracekit.analyze import diff  # noqa: E402
+from tracekit.analyze.rowscan import STORED  # noqa: E402
 from tracekit.schema import Layout, RequestRecord, RunMeta, TokenColumns  # noqa: E402
 from tracekit.store import TraceReader, TraceWriter  # noqa: E402
 
@@ -193,6 +201,15 @@ def read_floor(path_a: str, path_b: str, names) -> float:
     return time.perf_counter() - t0
 
 
+def _strip_checks(path: str) -> None:
+    """Remove the stored row checks (/rowcheck and its stamp): the trace an older writer wrote."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        del f["rowcheck"]
+        del f.attrs["rowcheck"]
+
+
 def _best(fn, repeats: int):
     """(wall s, CPU s, result) of the fastest of `repeats` calls (by wall; CPU: the least)."""
     runs = []
@@ -235,7 +252,16 @@ def main(argv=None) -> int:
         floor, floor_cpu, _ = _best(lambda: read_floor(pa, pb, names), repeats)
         floor_1d, floor_1d_cpu, _ = _best(lambda: read_floor(pa, pb, names[:2]), repeats)
         floor_4, floor_4_cpu, _ = _best(lambda: read_floor(pa, pb, names[:4]), repeats)
+        floor_w, floor_w_cpu, _ = _best(lambda: read_floor(pa, pb, names[:2] + list(STORED)), repeats)
         ours, ours_cpu, result = _best(lambda: diff(pa, pb), repeats)
+        # the same traces as a writer without stored row checks leaves them (an older tracekit's):
+        # the diff computes the checks from both [N, k] columns, read whole
+        qa, qb = os.path.join(d, "a0.h5"), os.path.join(d, "b0.h5")
+        for src, dst in ((pa, qa), (pb, qb)):
+            shutil.copyfile(src, dst)
+            _strip_checks(dst)
+        cold, cold_cpu, cold_result = _best(lambda: diff(qa, qb), repeats)
+        assert cold_result.counts() == result.counts()
         pp_s, pp_cpu, (_, rule_s, verdicts) = _best(lambda: per_position(pa, pb), max(1, repeats - 2))
     planted = {c: int(np.sum(cls == c)) for c in ["identical"] + list(PLANT)}
     found = {c: result.counts()[c] for c in planted}
@@ -245,6 +271,12 @@ def main(argv=None) -> int:
         "topk": K,
         "raw_logits": True,
         "tracekit_diff_s": ours,
+        "tracekit_diff_checks_computed_s": cold,
+        "tracekit_diff_checks_computed_cpu_s": cold_cpu,
+        "checks_computed_speedup_vs_per_position": pp_s / cold,
+        "checks_computed_vs_read_floor": cold / floor,
+        "read_floor_diff_reads_s": floor_w,
+        "vs_read_floor_diff_reads": ours / floor_w,
         "per_position_s": pp_s,
         "per_position_rule_s": rule_s,
         "read_floor_s": floor,
@@ -286,6 +318,13 @@ def main(argv=None) -> int:
             ],
             ["... of which its rule", f"{rule_s:.3f}", "", "", ""],
             [
+                "tracekit diff, row checks computed (no /rowcheck)",
+                f"{cold:.3f}",
+                f"{cold / ours:.2f}x; {pp_s / cold:.1f}x faster than per-position",
+                f"{cold_cpu:.3f}",
+                f"{cold_cpu / ours_cpu:.2f}x",
+            ],
+            [
                 "read floor (5 compared columns)",
                 f"{floor:.3f}",
                 f"diff = {ours / floor:.2f}x floor",
@@ -293,11 +332,18 @@ def main(argv=None) -> int:
                 f"diff = {ours_cpu / floor_cpu:.2f}x floor",
             ],
             [
-                "read floor 4 columns (what the diff reads whole)",
+                "read floor 4 columns (what a diff computing the row checks reads whole)",
                 f"{floor_4:.3f}",
                 f"diff = {ours / floor_4:.2f}x floor",
                 f"{floor_4_cpu:.3f}",
                 f"diff = {ours_cpu / floor_4_cpu:.2f}x floor",
+            ],
+            [
+                "read floor, what the diff reads whole (1-D + /rowcheck)",
+                f"{floor_w:.3f}",
+                f"diff = {ours / floor_w:.2f}x floor",
+                f"{floor_w_cpu:.3f}",
+                f"diff = {ours_cpu / floor_w_cpu:.2f}x floor",
             ],
             [
                 "read floor 1-D (token_id, logprob)",

@@ -109,3 +109,32 @@ def test_verify_reads_the_stored_checks(tmp_path):
     _strip(tmp_path / "t.h5")
     with TraceReader(tmp_path / "t.h5") as r:
         assert total - r.verify() == 120 * 5  # float32 entry + one byte of flags a row
+
+
+def test_checks_are_written_in_batches_and_at_close(tmp_path, monkeypatch):
+    """The writer stores the checks every ROWCHECK_ROWS rows and the rest at close; a live reader in
+    between sees them lag the rows and computes them itself, a closed trace has every row's."""
+    import tracekit.store.writer as W
+
+    monkeypatch.setattr(W, "ROWCHECK_ROWS", 50)
+    rng = np.random.default_rng(3)
+    k, n = 4, 40
+    meta = RunMeta(source="http", run={"dtype": "bf16"}, layout=Layout(topk=k, raw_logits=False))
+    lps = -np.sort(rng.uniform(2.5, 9.0, (3 * n, k)), axis=1).astype(np.float32)
+    ids = rng.integers(0, 500, (3 * n, k)).astype(np.int32)
+    lps[100, 3] = -1.0  # out of order, in the rows written at close
+    path = tmp_path / "t.h5"
+    with TraceWriter(path, meta) as w:
+        for i in range(3):
+            s, e = i * n, (i + 1) * n
+            tc = TokenColumns(ids[s:e, 0].copy(), lps[s:e, 0].copy(), np.zeros(n), ids[s:e], lps[s:e])
+            w.append_many([(RequestRecord(key=f"r{i}", prompt_hash="p", finish_reason="length"), tc, None)])
+            with h5py.File(path, "r", swmr=True) as f:
+                assert f["rowcheck/flags"].shape == ((0,), (80,), (80,))[i]
+            with TraceReader(path) as r:
+                # lagging (after the first and the third group): a diff computes them
+                assert r.live and r.has_column("rowcheck/flags") is (i == 1)
+                assert r.column("topk_logprob").shape == ((i + 1) * n, k)
+    with TraceReader(path) as r:
+        bits = r.column("rowcheck/flags")
+    assert len(bits) == 120 and np.flatnonzero(bits).tolist() == [100]

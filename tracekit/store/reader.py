@@ -143,7 +143,7 @@ class TraceReader:
         self.meta: RunMeta = meta
         self.requests: RequestTable = table
         with damaged(self.path, "/rowcheck"):
-            self._checks = _row_checks(self._f, attrs, self.path, self.n_token_rows, bool(meta.checksum))
+            self._checks = _row_checks(self._f, attrs, self.path, self.n_token_rows, bool(meta.checksum), self.live)
 
     def __enter__(self) -> "TraceReader":
         return self
@@ -249,11 +249,13 @@ class TraceReader:
         return total
 
 
-def _row_checks(f: h5py.File, attrs: dict, path: str, n_rows: int, checksum: bool) -> dict[str, h5py.Dataset]:
+def _row_checks(
+    f: h5py.File, attrs: dict, path: str, n_rows: int, checksum: bool, live: bool
+) -> dict[str, h5py.Dataset]:
     """The stored row checks by column name ("rowcheck/flags", ...), or none: a trace written
-    without them (older, or no top-k), or with other limits than this tracekit's (a diff then
-    computes them from the top-k columns). Stored ones that do not cover every token row are a
-    damaged file."""
+    without them (older, or no top-k), with other limits than this tracekit's, or live (its
+    writer stores them in batches: they may lag its rows), and a diff computes them from the
+    top-k columns. In a closed trace, stored ones that do not cover every token row are damage."""
     stamp = attrs.get("rowcheck")
     if isinstance(stamp, (bytes, np.bytes_)):
         stamp = stamp.decode("utf-8", "replace")
@@ -263,6 +265,8 @@ def _row_checks(f: h5py.File, attrs: dict, path: str, n_rows: int, checksum: boo
     out = {}
     for name, dt in ROWCHECK.items():
         dsid = dataset_id(group, name, dt, 1, path, checksum=checksum)
+        if dsid.shape[0] < n_rows and live:
+            return {}
         if dsid.shape[0] < n_rows:
             got = f"{dsid.shape[0]} rows for {n_rows} token rows"
             raise TraceFormatError(f"{path}:/rowcheck/{name}: {got}; the file is damaged, re-capture it")
