@@ -14,7 +14,7 @@ text data (the spec's types). `feed_data()`, the capture hot path, returns each
 default-type event's data as the raw UTF-8 bytes a JSON parser takes directly,
 and an `SSEEvent` only for events with an `event:` type (ids are dropped). Its
 fast path takes what engines send almost always (LF only, `data: ` lines
-alternating with blank lines) with one bytes split per chunk and no decoding;
+alternating with blank lines) with one byte search and one slice per event and no decoding;
 anything else (CR, multi-line data, `event:` / `id:` fields, comments, a BOM)
 goes through the line-by-line spec path, event by event. Tests check that both
 give the same events at every chunking.
@@ -63,20 +63,24 @@ class SSEDecoder:
                 return self._feed_slow(chunk)
             self._started = True
         buf = self._raw + chunk if self._raw else chunk
-        # The engine shape: lines alternate `data: ...` and blank. Splitting on b"\n" (a
-        # memchr scan) is ~2.5x faster than on b"\n\n"; the slices are checked, not assumed.
-        lines = buf.split(b"\n")
-        rest = lines.pop()  # after the last line break ("" when the chunk ends with one)
-        if len(lines) % 2:  # a data line whose blank line has not arrived yet
-            rest = lines.pop() + b"\n" + rest
-        if not any(lines[1::2]):
-            out = [x[6:] for x in lines[0::2] if x[:6] == b"data: "]
-            if 2 * len(out) == len(lines):
-                self._raw = rest
+        # The engine shape: a `data: ` line and a blank line an event. Each line end is found with
+        # one-byte find (memchr) and each event sliced once, a third of the cost of splitting the
+        # chunk into lines and slicing those; the shape is checked at every event, not assumed.
+        out = []
+        pos, end, find, starts = 0, len(buf), buf.find, buf.startswith
+        while True:
+            i = find(b"\n", pos)
+            if i < 0 or i + 1 == end:  # what is left is one unfinished event
+                self._raw = buf[pos:]
                 return out
+            if buf[i + 1] != 10 or not starts(b"data: ", pos):  # 10: b"\n"
+                break
+            out.append(buf[pos + 6 : i])
+            pos = i + 2
+        if pos:
+            buf = buf[pos:]
         parts = buf.split(b"\n\n")
         self._raw = parts.pop()
-        out = []
         for p in parts:
             # The common event: one `data:` line (with or without the space) and nothing else.
             if p[:5] == b"data:" and b"\n" not in p:

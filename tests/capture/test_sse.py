@@ -83,6 +83,9 @@ FAST_PATH_STREAMS = [
     'data: {"t": "é€😀"}\n\ndata: a\ndata: b\n\nevent: error\ndata: x\n\ndata: y\n\n'.encode(),
     b"data: 1\r\n\r\ndata: 2\n\n\n\ndata: 3\n\nid: 4\ndata: 5\n\ndata:\n\ndata: 6\n\n",
     "\ufeffdata: bom\n\ndata: 2\n\n: c\ndata: 3\n\ndata: 4\r\rdata: 5\n\n".encode(),
+    # Each event's shape is checked at that event: a third blank line, an empty data line, a
+    # two-line event, a field the spec ignores, then the engine shape again.
+    b"data: 1\n\ndata: 2\n\n\ndata: 3\n\ndata: \n\ndata: 4\ndata: 5\n\ndata: 6\n\nretry: 5\n\ndata: 7\n\n",
 ]
 
 

@@ -260,26 +260,32 @@ def _edge_events() -> list[dict]:
         ],
     }
     str_ids = {**base, "choices": [{**base["choices"][0], "token_ids": "5"}]}
-    return [null_row, two, raw, str_ids, base]
+    # what the event around the choice carries: the event-level prompt ids after the choice's,
+    # usage with cached tokens, a second choice (n > 1 is not asked: index 1 is skipped)
+    outer = {
+        **base,
+        "prompt_token_ids": [9, 8],
+        "usage": {"prompt_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1}},
+        "choices": [{**base["choices"][0], "prompt_token_ids": [1], "finish_reason": "stop"}],
+    }
+    second = {**base, "choices": [{**base["choices"][0], "index": 1}]}
+    pair = {**base, "choices": [base["choices"][0], {**base["choices"][0], "index": 1}]}
+    return [null_row, two, outer, second, pair, base, str_ids, raw, base]  # raw logits last: all general after it
 
 
 @pytest.mark.parametrize("kind", [*KINDS, "edges"])
 def test_the_one_token_path_appends_what_the_general_path_appends(kind):
-    """capture/dialects/openai.py `_one_token` (the streaming hot path) against `_logprobs` (the
-    general path) on each event: the same accumulator after every event, every field compared."""
+    """capture/dialects/openai.py `parse_event`'s hot path (vLLM's one-token event) against
+    `general_event` (every shape) on each event: the same accumulator after every event, every
+    field compared, then the same columns bitwise."""
     from tracekit.capture.dialects import openai as O
 
     d = get("vllm")
     evs = _edge_events() if kind == "edges" else _stream(kind)
     fast, general = Acc(), Acc()
-    orig = O._one_token
     for j, ev in enumerate(evs):
         d.parse_event(ev, fast, 0.25 * j)
-        try:
-            O._one_token = lambda *a: False  # every event through the general path
-            d.parse_event(ev, general, 0.25 * j)
-        finally:
-            O._one_token = orig
+        O.general_event(ev, general, 0.25 * j)
         assert _acc_state(fast) == _acc_state(general), (kind, j)
     a, b = fast.columns(4, True, None), general.columns(4, True, None)
     for name in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob", "topk_logit"):
