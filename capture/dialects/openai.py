@@ -65,6 +65,32 @@ def _ident(e: dict):
     return tok
 
 
+def _one_token(lp: dict, tokens: Any, token_ids: Any, acc: Acc, t: float) -> bool:
+    """The hot path of `_legacy`: a stream event of exactly one token whose top_logprobs row is
+    an object (vLLM's shape), without raw logits. Appends what `_legacy` would and returns True;
+    anything else returns False having touched nothing (the general path then checks it)."""
+    if type(tokens) is not list or len(tokens) != 1 or "top_logits" in lp:
+        return False
+    lps, tops = lp.get("token_logprobs"), lp.get("top_logprobs")
+    if type(lps) is not list or len(lps) != 1 or type(tops) is not list or len(tops) != 1:
+        return False
+    d = tops[0]
+    if type(d) is not dict:
+        return False
+    if type(token_ids) is list and len(token_ids) == 1:
+        acc.ids.append(token_ids[0])
+    else:
+        acc.ids.append(tokens[0])
+        acc.str_ids = True
+    acc.lps.append(lps[0])
+    acc.t.append(t)
+    acc.widths.append(len(d))
+    acc.top_ids += d  # the keys
+    acc.top_vals += d.values()
+    acc.str_tops = True
+    return True
+
+
 def _legacy(lp: dict, tokens: Any, token_ids: Any, acc: Acc, t: float) -> None:
     """Legacy arrays `tokens[]`, `token_logprobs[]`, `top_logprobs[{str: lp}]`: the candidate
     strings (vLLM: "token_id:N") go into the flat lists as they come, resolved per request.
@@ -137,7 +163,9 @@ def _choice(ch: Any, acc: Acc, t: float) -> None:
     if lp:
         if type(lp) is not dict:
             raise ResponseShapeError("choices[].logprobs is not an object")
-        _logprobs(lp, lp.get("tokens"), ch.get("token_ids"), acc, t)
+        tokens = lp.get("tokens")
+        if acc.top_logits is not None or not _one_token(lp, tokens, ch.get("token_ids"), acc, t):
+            _logprobs(lp, tokens, ch.get("token_ids"), acc, t)
     elif ch.get("token_ids"):
         # vLLM with return_token_ids but no logprobs asked: ids without logprobs.
         acc.add_bare_ids(ch["token_ids"], t)
@@ -147,25 +175,6 @@ def _choice(ch: Any, acc: Acc, t: float) -> None:
     fr = ch.get("finish_reason")
     if fr:
         acc.finish_reason = fr
-
-
-def general_event(obj: Any, acc: Acc, t: float) -> None:
-    """An event or a body of any shape the OpenAI routes send (OpenAICompletions.parse_event takes
-    vLLM's one-token events itself)."""
-    if type(obj) is not dict or obj.get("error"):
-        check_error(obj)
-    choices = obj.get("choices")
-    if choices:
-        if type(choices) is not list:
-            raise ResponseShapeError("'choices' is not a list")
-        for ch in choices:
-            _choice(ch, acc, t)
-    pids = obj.get("prompt_token_ids")
-    if pids:
-        acc.prompt_ids = list(pids)
-    usage = obj.get("usage")
-    if usage:
-        usage_into(usage, acc)
 
 
 class OpenAICompletions:
@@ -198,56 +207,21 @@ class OpenAICompletions:
 
     def parse_event(self, obj: dict, acc: Acc, t: float) -> None:
         """One stream event, or a whole body: the same shape. Explicit nulls (vLLM 0.33 sends
-        `prompt_token_ids`, `token_ids`, `weight_versions` as null on every chunk) mean absent.
-
-        The hot path first: one choice of one token whose top_logprobs row is an object (vLLM's
-        stream event) and no raw logits, checked and appended in this one call, the general
-        path's appends exactly (tests/capture/dialects/test_hot_path.py compares them); every
-        other shape, and any check that fails, goes to `general_event` with nothing touched."""
-        if type(obj) is dict and acc.top_logits is None:
-            get = obj.get
-            choices = get("choices")
-            if type(choices) is list and len(choices) == 1 and not get("error") and type(ch := choices[0]) is dict:
-                cget = ch.get
-                lp = cget("logprobs")
-                if type(lp) is dict and cget("index", 0) == 0 and "top_logits" not in lp:
-                    lget = lp.get
-                    tokens, lps, tops = lget("tokens"), lget("token_logprobs"), lget("top_logprobs")
-                    if (
-                        type(tokens) is list
-                        and len(tokens) == 1
-                        and type(lps) is list
-                        and len(lps) == 1
-                        and type(tops) is list
-                        and len(tops) == 1
-                        and type(d := tops[0]) is dict
-                    ):
-                        ids = cget("token_ids")
-                        if type(ids) is list and len(ids) == 1:
-                            acc.ids.append(ids[0])
-                        else:
-                            acc.ids.append(tokens[0])
-                            acc.str_ids = True
-                        acc.lps.append(lps[0])
-                        acc.t.append(t)
-                        acc.widths.append(len(d))
-                        acc.top_ids += d  # the keys
-                        acc.top_vals += d.values()
-                        acc.str_tops = True
-                        pids = cget("prompt_token_ids")  # vLLM: on the first chunk; null on the others
-                        if pids:
-                            acc.prompt_ids = list(pids)
-                        fr = cget("finish_reason")
-                        if fr:
-                            acc.finish_reason = fr
-                        pids = get("prompt_token_ids")
-                        if pids:
-                            acc.prompt_ids = list(pids)
-                        usage = get("usage")
-                        if usage:
-                            usage_into(usage, acc)
-                        return
-        general_event(obj, acc, t)
+        `prompt_token_ids`, `token_ids`, `weight_versions` as null on every chunk) mean absent."""
+        if type(obj) is not dict or obj.get("error"):
+            check_error(obj)
+        choices = obj.get("choices")
+        if choices:
+            if type(choices) is not list:
+                raise ResponseShapeError("'choices' is not a list")
+            for ch in choices:
+                _choice(ch, acc, t)
+        pids = obj.get("prompt_token_ids")
+        if pids:
+            acc.prompt_ids = list(pids)
+        usage = obj.get("usage")
+        if usage:
+            usage_into(usage, acc)
 
     parse_response = parse_event
 

@@ -275,17 +275,21 @@ def _edge_events() -> list[dict]:
 
 @pytest.mark.parametrize("kind", [*KINDS, "edges"])
 def test_the_one_token_path_appends_what_the_general_path_appends(kind):
-    """capture/dialects/openai.py `parse_event`'s hot path (vLLM's one-token event) against
-    `general_event` (every shape) on each event: the same accumulator after every event, every
-    field compared, then the same columns bitwise."""
+    """capture/dialects/openai.py `_one_token` (the streaming hot path) against `_logprobs` (the
+    general path) on each event: the same accumulator after every event, every field compared."""
     from tracekit.capture.dialects import openai as O
 
     d = get("vllm")
     evs = _edge_events() if kind == "edges" else _stream(kind)
     fast, general = Acc(), Acc()
+    orig = O._one_token
     for j, ev in enumerate(evs):
         d.parse_event(ev, fast, 0.25 * j)
-        O.general_event(ev, general, 0.25 * j)
+        try:
+            O._one_token = lambda *a: False  # every event through the general path
+            d.parse_event(ev, general, 0.25 * j)
+        finally:
+            O._one_token = orig
         assert _acc_state(fast) == _acc_state(general), (kind, j)
     a, b = fast.columns(4, True, None), general.columns(4, True, None)
     for name in ("token_id", "logprob", "t_arrival_s", "topk_id", "topk_logprob", "topk_logit"):
