@@ -2,24 +2,32 @@
 
 A local aiohttp server (a separate process, so the client's CPU time is its
 own) streams pre-built vLLM-style SSE events (`token_id:N` strings, top-20
-logprobs, `token_ids`, vLLM 0.33's explicit nulls, usage, `[DONE]`) as fast as
-it can. At concurrency 1, 16 and 64 the same requests are read by
+logprobs, `token_ids`, vLLM 0.33's explicit nulls, usage, `[DONE]`) in three
+regimes: per-event (one write an event, as fast as the server can: the
+headline), coalesced (a whole response in one write) and stepped (an engine's
+decode step: every STEP_S each running stream gets its next event, all at
+once, far below either client's capacity). The same requests are read by
 - bare: one ClientSession, `iter_any()`, events split on blank lines, no parsing;
 - tracekit: `tracekit.capture.http.run_capture` with the vllm dialect, top-20 logprobs
   parsed, columns built and appended to an HDF5 trace after each request.
-Two more rows put the ratio in context: bare-lines reads line by line
+More rows put the ratio in context: bare-lines reads line by line
 (`async for line in resp.content`, as vLLM's and SGLang's benchmark clients
-do) and bare+json adds one json.loads per event to the bare reader and nothing
-else: the floor of any client that parses what it stores; bare+orjson does the
+do); bare+json adds one json.loads per event to the bare reader and nothing
+else (the floor of any client that parses what it stores); bare+orjson does the
 same with orjson.loads, the parser tracekit uses when orjson is installed (the
-row is left out without it).
+row is left out without it); tracekit-read is tracekit's own stream reader
+(session, SSE fast path, parse, the dialect's event handling into the
+accumulator) with no columns and no trace, which splits tracekit's cost
+between parsing and storing.
 Reported: client CPU seconds per 1,000 tokens (getrusage of this process,
-user + system) and tokens/s; `cpu_per_token_vs_bare_c64` = tracekit / bare at
-concurrency 64 (target <= 1.3, issue 25), `json_floor_vs_bare_c64` = bare+json / bare,
-`orjson_floor_vs_bare_c64` = bare+orjson / bare; `json_parser` says which parser
-tracekit used.
+user + system) and tokens/s. At c=64 the clients take turns `--reps` times and
+each ratio is the median of the turns' ratios (`<key>_range`: their spread):
+`cpu_per_token_vs_bare_c64` = tracekit / bare, per-event (target <= 1.3,
+issue 25); `stepped_cpu_per_token_vs_bare_c64` the same in the stepped regime;
+`*_orjson_floor_*` = bare+orjson / bare, `*_read_vs_bare_c64` = tracekit-read /
+bare; `json_parser` says which parser tracekit used.
 
-    python bench/capture_bench.py [--quick] [--json]
+    python bench/capture_bench.py [--quick] [--reps N] [--json]
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ except ImportError:  # the parsing-floor row with orjson is left out
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TOPK = 20
+STEP_S = 0.005  # the stepped regime's decode step: 64 events a step stay far below either client's capacity
 
 
 # ---- server (child process) ---------------------------------------------------------------
@@ -114,12 +123,26 @@ def serve(port_file: str, n_tokens: int) -> None:
     async def models(request):
         return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "vllm"}]})
 
+    tick: dict = {}
+
+    async def ticker():
+        # An engine's decode step: every STEP_S each running stream gets its next event, all at once.
+        loop = asyncio.get_running_loop()
+        while True:
+            tick["now"] = loop.create_future()
+            await asyncio.sleep(STEP_S)
+            tick["now"].set_result(None)
+
     async def completions(request):
         await request.read()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if request.path.startswith("/coalesced/"):
             await resp.write(body)  # the whole response at once: one or two TCP reads client-side
+        elif request.path.startswith("/stepped/"):
+            for e in events:
+                await tick["now"]
+                await resp.write(e)
         else:
             for e in events:
                 await resp.write(e)
@@ -131,13 +154,14 @@ def serve(port_file: str, n_tokens: int) -> None:
 
     async def main():
         app = web.Application()
-        for prefix in ("", "/coalesced"):
+        for prefix in ("", "/coalesced", "/stepped"):
             app.router.add_get(prefix + "/v1/models", models)
             app.router.add_post(prefix + "/v1/completions", completions)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
+        asyncio.ensure_future(ticker())
         Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))
         await asyncio.Event().wait()
 
@@ -216,9 +240,56 @@ def measure(fn) -> tuple[float, float, int]:
     return cpu_s() - c0, time.perf_counter() - w0, tokens
 
 
-def run(quick: bool) -> dict:
+def tracekit_read_client(url: str, n_requests: int, concurrency: int) -> int:
+    """tracekit's stream reader alone: its session, SSE fast path, JSON parse and the vllm
+    dialect's event handling into the accumulator; no columns, no trace (where tracekit's own
+    cost splits between parsing and storing)."""
+    from tracekit.capture.client import Clock, _read_stream, make_session
+    from tracekit.capture.dialects import Acc
+    from tracekit.capture.dialects.openai import VLLMCompletions
+
+    dialect = VLLMCompletions()
+    body = json.dumps({"model": "bench", "prompt": [1, 2, 3], "max_tokens": 1, "stream": True})
+
+    async def main() -> int:
+        sem, clock = asyncio.Semaphore(concurrency), Clock()
+        async with make_session(concurrency, 600.0) as s:
+
+            async def one() -> int:
+                acc = Acc()
+                async with (
+                    sem,
+                    s.post(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as r,
+                ):
+                    await _read_stream(r, dialect, acc, clock)
+                return len(acc.lps)
+
+            return sum(await asyncio.gather(*(one() for _ in range(n_requests))))
+
+    return asyncio.run(main())
+
+
+def _clients(base: str, n: int, c: int, tmp: Path, names: tuple[str, ...]) -> list:
+    every = {
+        "bare": lambda: asyncio.run(bare_client(base, n, c)),
+        "bare-lines": lambda: asyncio.run(bare_client(base, n, c, "lines")),
+        "bare+json": lambda: asyncio.run(bare_client(base, n, c, "json")),
+        "bare+orjson": lambda: asyncio.run(bare_client(base, n, c, "json", orjson.loads)),
+        "tracekit-read": lambda: tracekit_read_client(base, n, c),
+        "tracekit": lambda: tracekit_client(base, n, c, tmp),
+    }
+    return [(name, every[name]) for name in names if name != "bare+orjson" or orjson]
+
+
+ALL = ("bare", "bare-lines", "bare+json", "bare+orjson", "tracekit-read", "tracekit")
+STEPPED = ("bare", "bare+orjson", "tracekit-read", "tracekit")
+
+
+def run(quick: bool, reps: int | None = None) -> dict:
     n_tokens = 128 if quick else 256
     plan = {1: 8, 16: 48, 64: 128} if quick else {1: 32, 16: 192, 64: 512}
+    stepped_n = 64 if quick else 256  # c=64: one wave of requests quick, four full
+    reps = reps or (2 if quick else 3)
     tmp = Path(tempfile.mkdtemp(prefix="capture_bench_"))
     port_file = tmp / "port"
     srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--tokens", str(n_tokens)])
@@ -231,22 +302,20 @@ def run(quick: bool) -> dict:
         url = f"http://127.0.0.1:{port_file.read_text()}"
         # Warm-up: imports (h5py, numpy, capture) and the first connections, outside the timings.
         tracekit_client(url, 4, 2, tmp)
+        tracekit_read_client(url, 4, 2)
         for mode in ("chunks", "lines", "json"):
             asyncio.run(bare_client(url, 4, 2, mode))
+        # (regime, concurrency, requests, clients, repetitions). At c=64 the clients take turns
+        # `reps` times: this host's speed drifts by tens of percent within a minute, so each
+        # ratio is taken between neighbours in time and the median of those is reported.
+        passes = [("per-event", c, n, ALL, reps if c == 64 else 1) for c, n in plan.items()]
+        passes += [("coalesced", c, n, ALL, reps if c == 64 else 1) for c, n in plan.items()]
+        passes += [("stepped", 64, stepped_n, STEPPED, reps)]
+        prefix = {"per-event": "", "coalesced": "/coalesced", "stepped": "/stepped"}
         rows = []
-        for regime, base in (("per-event", url), ("coalesced", url + "/coalesced")):
-            for c, n in plan.items():
-                for name, fn in (
-                    ("bare", lambda: asyncio.run(bare_client(base, n, c))),
-                    ("bare-lines", lambda: asyncio.run(bare_client(base, n, c, "lines"))),
-                    ("bare+json", lambda: asyncio.run(bare_client(base, n, c, "json"))),
-                    *(
-                        [("bare+orjson", lambda: asyncio.run(bare_client(base, n, c, "json", orjson.loads)))]
-                        if orjson
-                        else []
-                    ),
-                    ("tracekit", lambda: tracekit_client(base, n, c, tmp)),
-                ):
+        for regime, c, n, names, times in passes:
+            for rep in range(times):
+                for name, fn in _clients(url + prefix[regime], n, c, tmp, names):
                     cpu, wall, tokens = measure(fn)
                     assert tokens == n * n_tokens, (name, tokens)
                     rows.append(
@@ -255,6 +324,7 @@ def run(quick: bool) -> dict:
                             "client": name,
                             "concurrency": c,
                             "requests": n,
+                            "rep": rep,
                             "tokens": tokens,
                             "cpu_s": round(cpu, 4),
                             "wall_s": round(wall, 4),
@@ -265,34 +335,58 @@ def run(quick: bool) -> dict:
     finally:
         srv.terminate()
         srv.wait(10)
-    by = {(r["regime"], r["client"], r["concurrency"]): r["cpu_s_per_1k_tokens"] for r in rows}
-    ratios = {}
-    for regime, tag in (("per-event", ""), ("coalesced", "coalesced_")):
-        for c in plan:
-            ratios[f"{tag}cpu_per_token_vs_bare_c{c}"] = round(by[regime, "tracekit", c] / by[regime, "bare", c], 3)
-        for c in plan:
-            ratios[f"{tag}cpu_per_token_vs_bare_lines_c{c}"] = round(
-                by[regime, "tracekit", c] / by[regime, "bare-lines", c], 3
-            )
-        for c in plan:  # the floor: json.loads alone on top of the leanest reader
-            ratios[f"{tag}json_floor_vs_bare_c{c}"] = round(by[regime, "bare+json", c] / by[regime, "bare", c], 3)
-        for c in plan if orjson else ():
-            ratios[f"{tag}orjson_floor_vs_bare_c{c}"] = round(by[regime, "bare+orjson", c] / by[regime, "bare", c], 3)
     return {
         "bench": "capture",
         "quick": quick,
         "tokens_per_request": n_tokens,
         "topk": TOPK,
         "json_parser": "orjson" if orjson else "json",
-        **ratios,
+        "reps_c64": reps,
+        "stepped_step_ms": STEP_S * 1000,
+        **ratios(rows, plan),
         "target_cpu_per_token_vs_bare_c64": 1.3,
         "rows": rows,
     }
 
 
+def ratios(rows: list[dict], plan: dict) -> dict:
+    """Each ratio per repetition (client / bare of the same pass), its median as the figure and,
+    where there are several, their range as `<key>_range`."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["regime"], r["concurrency"], r["rep"]), {})[r["client"]] = r["cpu_s_per_1k_tokens"]
+    out: dict = {}
+
+    def put(key: str, regime: str, c: int, num: str, den: str = "bare") -> None:
+        got = [v[num] / v[den] for (g, cc, _), v in sorted(by.items()) if g == regime and cc == c and num in v]
+        if not got:
+            return
+        got.sort()
+        mid = len(got) // 2
+        out[key] = round(got[mid] if len(got) % 2 else (got[mid - 1] + got[mid]) / 2, 3)
+        if len(got) > 1:
+            out[key + "_range"] = [round(got[0], 3), round(got[-1], 3)]
+
+    for regime, tag in (("per-event", ""), ("coalesced", "coalesced_")):
+        for c in plan:
+            put(f"{tag}cpu_per_token_vs_bare_c{c}", regime, c, "tracekit")
+        for c in plan:
+            put(f"{tag}cpu_per_token_vs_bare_lines_c{c}", regime, c, "tracekit", "bare-lines")
+        for c in plan:  # the floor: json.loads alone on top of the leanest reader
+            put(f"{tag}json_floor_vs_bare_c{c}", regime, c, "bare+json")
+        for c in plan:
+            put(f"{tag}orjson_floor_vs_bare_c{c}", regime, c, "bare+orjson")
+        put(f"{tag}read_vs_bare_c64", regime, 64, "tracekit-read")
+    put("stepped_cpu_per_token_vs_bare_c64", "stepped", 64, "tracekit")
+    put("stepped_orjson_floor_vs_bare_c64", "stepped", 64, "bare+orjson")
+    put("stepped_read_vs_bare_c64", "stepped", 64, "tracekit-read")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="tracekit capture client overhead vs a bare SSE reader")
     ap.add_argument("--quick", action="store_true", help="fewer requests (< 1 minute)")
+    ap.add_argument("--reps", type=int, help="turns each client takes at c=64 (default 3, 2 with --quick)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", type=int, default=256, help=argparse.SUPPRESS)
@@ -300,7 +394,7 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.tokens)
         return
-    res = run(args.quick)
+    res = run(args.quick, args.reps)
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -314,18 +408,24 @@ def main() -> None:
                     r["client"],
                     r["concurrency"],
                     r["requests"],
+                    r["rep"],
                     r["tokens"],
                     r["cpu_s_per_1k_tokens"],
                     r["tokens_per_s"],
                 ]
                 for r in res["rows"]
             ],
-            headers=["regime", "client", "conc", "requests", "tokens", "CPU s / 1k tok", "tok/s"],
+            headers=["regime", "client", "conc", "requests", "rep", "tokens", "CPU s / 1k tok", "tok/s"],
         )
     )
     for k, v in res.items():
-        if "_vs_bare" in k:
-            print(f"{k}: {v}" + ("  (target <= 1.3)" if k == "cpu_per_token_vs_bare_c64" else ""))
+        if "_vs_bare" in k and not k.endswith("_range"):
+            rng = res.get(k + "_range")
+            print(
+                f"{k}: {v}"
+                + (f" (per turn {rng[0]}-{rng[1]})" if rng else "")
+                + ("  (target <= 1.3)" if k == "cpu_per_token_vs_bare_c64" else "")
+            )
 
 
 if __name__ == "__main__":
