@@ -15,7 +15,9 @@ More rows put the ratio in context: bare-lines reads line by line
 do); bare+json adds one json.loads per event to the bare reader and nothing
 else (the floor of any client that parses what it stores); bare+orjson does the
 same with orjson.loads, the parser tracekit uses when orjson is installed (the
-row is left out without it); tracekit-read is tracekit's own stream reader
+row is left out without it); bare+keep also keeps the chosen id, its logprob
+and the top-k candidates in lists, inline (the floor of any Python client that
+keeps what it parses); tracekit-read is tracekit's own stream reader
 (session, SSE fast path, parse, the dialect's event handling into the
 accumulator) with no columns and no trace, which splits tracekit's cost
 between parsing and storing.
@@ -24,7 +26,8 @@ user + system) and tokens/s. At c=64 the clients take turns `--reps` times and
 each ratio is the median of the turns' ratios (`<key>_range`: their spread):
 `cpu_per_token_vs_bare_c64` = tracekit / bare, per-event (target <= 1.3,
 issue 25); `stepped_cpu_per_token_vs_bare_c64` the same in the stepped regime;
-`*_orjson_floor_*` = bare+orjson / bare, `*_read_vs_bare_c64` = tracekit-read /
+`*_orjson_floor_*` = bare+orjson / bare, `*_keep_floor_*` = bare+keep / bare,
+`*_read_vs_bare_c64` = tracekit-read /
 bare; `json_parser` says which parser tracekit used.
 
     python bench/capture_bench.py [--quick] [--reps N] [--json]
@@ -173,7 +176,9 @@ async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "
     """Read every stream and count token events. mode "chunks": `iter_any()` and split on
     blank lines (the leanest reader); "lines": `async for line in resp.content`, as the
     vLLM / SGLang benchmark clients read SSE; "json": chunks plus one json.loads per
-    event and nothing else (the floor of any client that parses the events)."""
+    event and nothing else (the floor of any client that parses the events); "keep": orjson
+    and the chosen id, its logprob and the top-k candidates kept in lists, inline, with no
+    check and no function call (the floor of any Python client that keeps what it parses)."""
     import aiohttp
 
     sem = asyncio.Semaphore(concurrency)
@@ -182,6 +187,7 @@ async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "
 
     async def one(session) -> int:
         n, buf = 0, b""
+        ids, lps, keys, vals = [], [], [], []  # "keep": what a client that stores the top-k keeps
         async with (
             sem,
             session.post(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}) as r,
@@ -200,6 +206,17 @@ async def bare_client(url: str, n_requests: int, concurrency: int, mode: str = "
                     for p in parts:
                         if p != b"data: [DONE]":
                             loads(p[6:])
+                elif mode == "keep":
+                    for p in parts:
+                        if p != b"data: [DONE]":
+                            ch = loads(p[6:])["choices"]
+                            if ch:
+                                lp = ch[0]["logprobs"]
+                                tops = lp["top_logprobs"][0]
+                                ids.append(ch[0]["token_ids"][0])
+                                lps.append(lp["token_logprobs"][0])
+                                keys.extend(tops)
+                                vals.extend(tops.values())
         return n - 2  # minus the usage event and [DONE]
 
     async with aiohttp.ClientSession(connector=conn) as s:
@@ -275,14 +292,15 @@ def _clients(base: str, n: int, c: int, tmp: Path, names: tuple[str, ...]) -> li
         "bare-lines": lambda: asyncio.run(bare_client(base, n, c, "lines")),
         "bare+json": lambda: asyncio.run(bare_client(base, n, c, "json")),
         "bare+orjson": lambda: asyncio.run(bare_client(base, n, c, "json", orjson.loads)),
+        "bare+keep": lambda: asyncio.run(bare_client(base, n, c, "keep", orjson.loads)),
         "tracekit-read": lambda: tracekit_read_client(base, n, c),
         "tracekit": lambda: tracekit_client(base, n, c, tmp),
     }
-    return [(name, every[name]) for name in names if name != "bare+orjson" or orjson]
+    return [(name, every[name]) for name in names if orjson or name not in ("bare+orjson", "bare+keep")]
 
 
-ALL = ("bare", "bare-lines", "bare+json", "bare+orjson", "tracekit-read", "tracekit")
-STEPPED = ("bare", "bare+orjson", "tracekit-read", "tracekit")
+ALL = ("bare", "bare-lines", "bare+json", "bare+orjson", "bare+keep", "tracekit-read", "tracekit")
+STEPPED = ("bare", "bare+orjson", "bare+keep", "tracekit-read", "tracekit")
 
 
 def run(quick: bool, reps: int | None = None) -> dict:
@@ -376,9 +394,11 @@ def ratios(rows: list[dict], plan: dict) -> dict:
             put(f"{tag}json_floor_vs_bare_c{c}", regime, c, "bare+json")
         for c in plan:
             put(f"{tag}orjson_floor_vs_bare_c{c}", regime, c, "bare+orjson")
+        put(f"{tag}keep_floor_vs_bare_c64", regime, 64, "bare+keep")
         put(f"{tag}read_vs_bare_c64", regime, 64, "tracekit-read")
     put("stepped_cpu_per_token_vs_bare_c64", "stepped", 64, "tracekit")
     put("stepped_orjson_floor_vs_bare_c64", "stepped", 64, "bare+orjson")
+    put("stepped_keep_floor_vs_bare_c64", "stepped", 64, "bare+keep")
     put("stepped_read_vs_bare_c64", "stepped", 64, "tracekit-read")
     return out
 
