@@ -376,7 +376,9 @@ def ratios(rows: list[dict], plan: dict) -> dict:
     out: dict = {}
 
     def put(key: str, regime: str, c: int, num: str, den: str = "bare") -> None:
-        got = [v[num] / v[den] for (g, cc, _), v in sorted(by.items()) if g == regime and cc == c and num in v]
+        got = [
+            v[num] / v[den] for (g, cc, _), v in sorted(by.items()) if g == regime and cc == c and num in v and den in v
+        ]
         if not got:
             return
         got.sort()

@@ -40,7 +40,17 @@ CASES: dict[str, list[tuple[str, list[str], list[str]]]] = {
     "engine_bench": [
         ("engine_bench.py", ["--quick", "--repeats", "1"], [rf"speedup_c8 = {NUM}", rf"without HTTP: {NUM}"])
     ],
-    "capture_bench": [("capture_bench.py", ["--quick"], [rf"cpu_per_token_vs_bare_c64: {NUM}"])],
+    "capture_bench": [
+        (
+            "capture_bench.py",
+            ["--quick"],
+            [
+                rf"cpu_per_token_vs_bare_c64: {NUM} \(per turn {NUM}-{NUM}\)",
+                rf"stepped_cpu_per_token_vs_bare_c64: {NUM}",
+            ]
+            + [rf"keep_floor_vs_bare_c64: {NUM}", rf"stepped_read_vs_bare_c64: {NUM}"],
+        )
+    ],
     # run_all: every headline ratio against its target in one table (issue 25); here two of its
     # benches (each bench's own case above runs it anyway): the table, not the figures, is checked
     "run_all": [
