@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
-import random
 import resource
 import subprocess
 import sys
@@ -55,120 +53,8 @@ except ImportError:  # the parsing-floor row with orjson is left out
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TOPK = 20
-STEP_S = 0.005  # the stepped regime's decode step: 64 events a step stay far below either client's capacity
-
-
-# ---- server (child process) ---------------------------------------------------------------
-def build_events(n_tokens: int, seed: int = 0) -> bytes:
-    """One request's whole SSE body: n token events, a usage event, [DONE]."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n_tokens):
-        ids = rng.sample(range(32000), TOPK)
-        # The top 20 of a distribution: their probabilities sum to at most 1 (a row summing above
-        # it is a misreport that every check of the writer takes its slow path on).
-        w = [math.exp(-rng.random() * 8) for _ in ids]
-        scale = rng.uniform(0.3, 0.99) / sum(w)
-        lps = sorted((math.log(x * scale) for x in w), reverse=True)
-        ch = {
-            "index": 0,
-            "text": f" w{ids[0]}",
-            "logprobs": {
-                "text_offset": [i * 4],
-                "token_logprobs": [lps[0]],
-                "tokens": [f"token_id:{ids[0]}"],
-                "top_logprobs": [{f"token_id:{t}": lp for t, lp in zip(ids, lps)}],
-            },
-            "finish_reason": "length" if i == n_tokens - 1 else None,
-            "stop_reason": None,
-            # vLLM 0.33 sends these on every chunk, null where they carry nothing: the prompt ids
-            # on the first chunk only, weight versions on the last only.
-            "prompt_token_ids": list(range(16)) if i == 0 else None,
-            "token_ids": [ids[0]],
-            "weight_versions": None,
-        }
-        out.append(
-            {
-                "id": "cmpl-bench",
-                "object": "text_completion",
-                "created": 1,
-                "model": "bench",
-                "choices": [ch],
-                "usage": None,
-            }
-        )
-    out.append(
-        {
-            "id": "cmpl-bench",
-            "object": "text_completion",
-            "created": 1,
-            "model": "bench",
-            "choices": [],
-            "usage": {
-                "prompt_tokens": 16,
-                "completion_tokens": n_tokens,
-                "total_tokens": 16 + n_tokens,
-                "prompt_tokens_details": {"cached_tokens": 0},
-            },
-        }
-    )
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in out) + b"data: [DONE]\n\n"
-
-
-def serve(port_file: str, n_tokens: int) -> None:
-    from aiohttp import web
-
-    body = build_events(n_tokens)
-    # Split at event boundaries: one write per event, as an engine streams them.
-    events = [e + b"\n\n" for e in body.split(b"\n\n") if e]
-
-    async def models(request):
-        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "vllm"}]})
-
-    tick: dict = {}
-
-    async def ticker():
-        # An engine's decode step: every STEP_S each running stream gets its next event, all at once.
-        loop = asyncio.get_running_loop()
-        while True:
-            tick["now"] = loop.create_future()
-            await asyncio.sleep(STEP_S)
-            tick["now"].set_result(None)
-
-    async def completions(request):
-        await request.read()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        if request.path.startswith("/coalesced/"):
-            await resp.write(body)  # the whole response at once: one or two TCP reads client-side
-        elif request.path.startswith("/stepped/"):
-            for e in events:
-                await tick["now"]
-                await resp.write(e)
-        else:
-            for e in events:
-                await resp.write(e)
-                # Let the event go out before the next one, as an engine emits one event per
-                # decode step; back-to-back writes would coalesce into a few big TCP segments.
-                await asyncio.sleep(0)
-        await resp.write_eof()
-        return resp
-
-    async def main():
-        app = web.Application()
-        for prefix in ("", "/coalesced", "/stepped"):
-            app.router.add_get(prefix + "/v1/models", models)
-            app.router.add_post(prefix + "/v1/completions", completions)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        asyncio.ensure_future(ticker())
-        Path(port_file).write_text(str(site._server.sockets[0].getsockname()[1]))
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from capture_server import STEP_S, TOPK  # noqa: E402
 
 
 # ---- clients -------------------------------------------------------------------------------
@@ -299,18 +185,23 @@ def _clients(base: str, n: int, c: int, tmp: Path, names: tuple[str, ...]) -> li
     return [(name, every[name]) for name in names if orjson or name not in ("bare+orjson", "bare+keep")]
 
 
-ALL = ("bare", "bare-lines", "bare+json", "bare+orjson", "bare+keep", "tracekit-read", "tracekit")
+BASE = ("bare", "bare-lines", "bare+json", "bare+orjson", "tracekit")  # at every concurrency
+ALL = BASE[:-1] + ("bare+keep", "tracekit-read", "tracekit")  # at c=64: where the cost splits
 STEPPED = ("bare", "bare+orjson", "bare+keep", "tracekit-read", "tracekit")
 
 
 def run(quick: bool, reps: int | None = None) -> dict:
     n_tokens = 128 if quick else 256
-    plan = {1: 8, 16: 48, 64: 128} if quick else {1: 32, 16: 192, 64: 512}
+    plan = {1: 8, 16: 48, 64: 96} if quick else {1: 32, 16: 192, 64: 512}
     stepped_n = 64 if quick else 256  # c=64: one wave of requests quick, four full
     reps = reps or (2 if quick else 3)
+    # A stepped pass lasts as long as its steps whatever the client (~0.7 s a wave quick): quick
+    # runs it once and without bare+keep, to stay within a quarter of a minute.
+    stepped = (STEPPED if not quick else tuple(c for c in STEPPED if c != "bare+keep"), reps if not quick else 1)
     tmp = Path(tempfile.mkdtemp(prefix="capture_bench_"))
     port_file = tmp / "port"
-    srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port_file), "--tokens", str(n_tokens)])
+    server = Path(__file__).with_name("capture_server.py")
+    srv = subprocess.Popen([sys.executable, str(server), str(port_file), "--tokens", str(n_tokens)])
     try:
         deadline = time.time() + 30
         while not port_file.exists() or not port_file.read_text():
@@ -326,9 +217,12 @@ def run(quick: bool, reps: int | None = None) -> dict:
         # (regime, concurrency, requests, clients, repetitions). At c=64 the clients take turns
         # `reps` times: this host's speed drifts by tens of percent within a minute, so each
         # ratio is taken between neighbours in time and the median of those is reported.
-        passes = [("per-event", c, n, ALL, reps if c == 64 else 1) for c, n in plan.items()]
-        passes += [("coalesced", c, n, ALL, reps if c == 64 else 1) for c, n in plan.items()]
-        passes += [("stepped", 64, stepped_n, STEPPED, reps)]
+        passes = [
+            (regime, c, n, ALL if c == 64 else BASE, reps if c == 64 else 1)
+            for regime in ("per-event", "coalesced")
+            for c, n in plan.items()
+        ]
+        passes += [("stepped", 64, stepped_n, *stepped)]
         prefix = {"per-event": "", "coalesced": "/coalesced", "stepped": "/stepped"}
         rows = []
         for regime, c, n, names, times in passes:
@@ -410,12 +304,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests (< 1 minute)")
     ap.add_argument("--reps", type=int, help="turns each client takes at c=64 (default 3, 2 with --quick)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
-    ap.add_argument("--tokens", type=int, default=256, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.serve:
-        serve(args.serve, args.tokens)
-        return
     res = run(args.quick, args.reps)
     if args.json:
         print(json.dumps(res, indent=2))

@@ -180,6 +180,7 @@ def test_every_bench_is_run_or_skipped_with_a_reason():
     # sensitivity.py --family [--explain] (imported by it; its full run is bench/RESULTS.md's)
     run |= {"sensitivity_family.py", "sensitivity_explain.py"}
     run |= {"diff_scaling.py"}  # diff_bench.py --scaling (the diff_bench_scaling case)
+    run |= {"capture_server.py"}  # capture_bench.py's server process (the capture_bench case)
     # llama.cpp's CUDA job: its CPU dry run below (test_llamacpp_cuda_dry_run; llamacpp_report.py is its tables)
     run |= {"gpu_study/llamacpp_cuda.py", "gpu_study/llamacpp_report.py"}
     assert not run & set(SKIPPED)
