@@ -1,6 +1,6 @@
 """Capture client overhead: tracekit's HTTP capture vs a bare aiohttp SSE reader.
 
-A local aiohttp server (a separate process, so the client's CPU time is its
+A local aiohttp server (bench/capture_server.py, a separate process, so the client's CPU time is its
 own) streams pre-built vLLM-style SSE events (`token_id:N` strings, top-20
 logprobs, `token_ids`, vLLM 0.33's explicit nulls, usage, `[DONE]`) in three
 regimes: per-event (one write an event, as fast as the server can: the
